@@ -1,0 +1,30 @@
+"""voicegate settings: the schema, loading from TOML and ``VOICEGATE_*`` variables, validation.
+
+This package imports no other package of voicegate; every layer may import it.
+"""
+
+from config.errors import ConfigError
+from config.loader import load_settings
+from config.reference import render_reference
+from config.settings import (
+    AgentSettings,
+    HttpSettings,
+    LogSettings,
+    MediaSettings,
+    Settings,
+    SipSettings,
+    StorageSettings,
+)
+
+__all__ = [
+    "AgentSettings",
+    "ConfigError",
+    "HttpSettings",
+    "LogSettings",
+    "MediaSettings",
+    "Settings",
+    "SipSettings",
+    "StorageSettings",
+    "load_settings",
+    "render_reference",
+]

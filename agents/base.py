@@ -1,0 +1,72 @@
+"""The agent interface: what a call gives an agent, and what an agent may ask of a call.
+
+One agent object serves one call. The call's own task calls it, one event at a time, so an agent
+needs no locks; it must return promptly (no long awaits inside a handler: ask the call to do things
+and be told when they are done). Agents never see SIP or pjsua2.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+from numpy.typing import NDArray
+
+from audio.frame import Frame
+
+
+@dataclass(frozen=True, slots=True)
+class CallContext:
+    """What the agent knows about its call. ``caller`` is masked (STYLE.md habit 10)."""
+
+    call_id: str
+    called_user: str
+    caller: str
+    codec: str
+    rate: int
+
+
+class CallControl(Protocol):
+    """What an agent may ask of its call."""
+
+    @property
+    def rate(self) -> int:
+        """The call's audio rate in Hz (8000 for G.711, 16000 for G.722)."""
+        ...
+
+    def play(self, samples: NDArray[np.int16]) -> None:
+        """Queue audio at :attr:`rate` behind what is already queued."""
+
+    def play_prompt(self, name: str) -> None:
+        """Queue a named prompt of the agent's prompt library, resampled to the call's rate."""
+
+    def stop_playback(self) -> None:
+        """Drop everything queued and not yet sent to the caller."""
+
+    def hangup(self, reason: str, *, after_playout: bool = True) -> None:
+        """End the call (BYE), by default once the queued audio has been heard."""
+
+
+class Agent:
+    """Base class for agents; override what you need."""
+
+    def __init__(self, context: CallContext, call: CallControl) -> None:
+        self.context = context
+        self.call = call
+
+    async def on_start(self) -> None:
+        """The call is answered and media flows."""
+
+    async def on_dtmf(self, digit: str) -> None:
+        """The caller pressed a key (RFC 2833 or SIP INFO): one of 0-9, *, #, A-D."""
+
+    async def on_audio(self, frame: Frame) -> None:
+        """20 ms of caller audio at the call's rate."""
+
+    async def on_end(self, reason: str) -> None:
+        """The call is over; the control object no longer works."""
+
+
+AgentFactory = Callable[[CallContext, CallControl], Agent]

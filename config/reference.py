@@ -1,0 +1,45 @@
+"""The settings reference for the README, generated from the schema so it cannot drift."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from config.schema import KEYS
+
+
+def toml_literal(value: object) -> str:
+    """A default as it would be written in the TOML file."""
+    if value is None:
+        return '""'  # an optional path left empty
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, tuple):
+        return "[" + ", ".join(toml_literal(v) for v in value) + "]"
+    if isinstance(value, str | Path):
+        return json.dumps(str(value))  # a JSON string is a valid TOML basic string
+    raise TypeError(f"no TOML form for {value!r}")
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def render_reference() -> str:
+    """A Markdown table with one row per key: key, env var, default, allowed, description."""
+    rows = [
+        "| key | env var | default | allowed | description |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for k in KEYS:
+        cells = (
+            f"`{k.dotted}`",
+            f"`{k.env_var}`",
+            f"`{toml_literal(k.default)}`",
+            k.rule.allowed,
+            k.doc,
+        )
+        rows.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    return "\n".join(rows) + "\n"

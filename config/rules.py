@@ -1,0 +1,206 @@
+"""Validation rules for single settings, and ``key()``, which attaches one to a dataclass field.
+
+A rule knows two things: a noun phrase saying what it allows (used in error messages, the
+reference table and the example file, so they cannot disagree) and a ``check`` that returns the
+value in canonical form or raises :class:`Invalid`. Checks receive values already of the field's
+type (the loader converts TOML and environment text first) and are idempotent: a canonical value
+checks to itself, so defaults go through the same checks as overrides.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SPEC = "voicegate.config"  # the dataclass field metadata key holding a KeySpec
+
+
+class Invalid(ValueError):
+    """A value a key refuses; the message completes ``<key> = <value>: <message>``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    allowed: str  # noun phrase, e.g. "an integer from 1 to 65535"
+    # Any: one Rule type serves int, float, str, tuple and Path fields; the field's annotation,
+    # checked when the schema is built, is what ties a rule to its type.
+    check: Callable[[Any], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class KeySpec:
+    rule: Rule
+    doc: str  # one line for the reference table
+
+
+def key(rule: Rule, doc: str) -> Mapping[str, KeySpec]:
+    """Field metadata declaring a setting: ``field(default=..., metadata=key(rule, doc))``."""
+    return {SPEC: KeySpec(rule, doc)}
+
+
+def _refuse(allowed: str) -> Invalid:
+    return Invalid(f"expected {allowed}")
+
+
+def boolean() -> Rule:
+    """Any boolean: the type check already happened when the value was parsed."""
+    return Rule("true or false", lambda value: value)
+
+
+def int_range(lo: int, hi: int) -> Rule:
+    allowed = f"an integer from {lo} to {hi}"
+
+    def check(value: int) -> int:
+        if not lo <= value <= hi:
+            raise _refuse(allowed)
+        return value
+
+    return Rule(allowed, check)
+
+
+def float_range(lo: float, hi: float | None = None, *, lo_open: bool = False) -> Rule:
+    """Numbers in [lo, hi], or (lo, hi] with ``lo_open``; no upper bound when ``hi`` is None."""
+    low = f"> {lo:g}" if lo_open else f">= {lo:g}"
+    if hi is None:
+        allowed = f"a number {low}"
+    elif lo_open:
+        allowed = f"a number {low} and <= {hi:g}"
+    else:
+        allowed = f"a number from {lo:g} to {hi:g}"
+
+    def check(value: float) -> float:
+        # NaN fails every comparison, so it is refused here along with infinities.
+        ok = math.isfinite(value) and (value > lo if lo_open else value >= lo)
+        if not ok or (hi is not None and value > hi):
+            raise _refuse(allowed)
+        return value
+
+    return Rule(allowed, check)
+
+
+def one_of(*choices: str) -> Rule:
+    """A choice, matched without regard to case and returned in the declared spelling."""
+    allowed = "one of " + ", ".join(choices) if len(choices) > 1 else choices[0]
+    canonical = {c.lower(): c for c in choices}
+
+    def check(value: str) -> str:
+        try:
+            return canonical[value.lower()]
+        except KeyError:
+            raise _refuse(allowed) from None
+
+    return Rule(allowed, check)
+
+
+def int_choice(*choices: int) -> Rule:
+    allowed = " or ".join(str(c) for c in choices)
+
+    def check(value: int) -> int:
+        if value not in choices:
+            raise _refuse(allowed)
+        return value
+
+    return Rule(allowed, check)
+
+
+def ip_literal(*, empty_ok: bool = False, wildcard_ok: bool = True) -> Rule:
+    # Literals only: a host name would make binding depend on DNS at start-up, and pjsua2 would
+    # resolve it once and silently keep the answer.
+    allowed = "an IPv4 or IPv6 address literal"
+    if not wildcard_ok:
+        # An address others send to: 0.0.0.0 in SDP means "hold" (RFC 3264 section 8.4).
+        allowed += ", not a wildcard"
+    if empty_ok:
+        allowed = "empty, or " + allowed
+
+    def check(value: str) -> str:
+        if empty_ok and value == "":
+            return value
+        try:
+            ip = ipaddress.ip_address(value)
+        except ValueError:
+            raise _refuse(allowed) from None
+        if ip.is_unspecified and not wildcard_ok:
+            raise _refuse(allowed)
+        return value
+
+    return Rule(allowed, check)
+
+
+def choice_list(*choices: str, what: str) -> Rule:
+    """A non-empty list drawn from ``choices`` without repeats; order is kept (it is meaningful)."""
+    names = ", ".join(choices)
+    allowed = f"a non-empty list of {names} (no repeats)"
+    pick = one_of(*choices).check
+
+    def check(value: tuple[str, ...]) -> tuple[str, ...]:
+        if not value:
+            raise Invalid(f"expected at least one {what}, from {names}")
+        try:
+            picked = tuple(pick(item) for item in value)
+        except Invalid:
+            raise Invalid(f"each {what} must be one of {names}") from None
+        for i, item in enumerate(picked):
+            if item in picked[:i]:
+                raise Invalid(f"{what} {item} is listed twice")
+        return picked
+
+    return Rule(allowed, check)
+
+
+# Characters that would end or split a user part inside a Request-URI (RFC 3261 section 25.1).
+_NOT_IN_USER = frozenset('@:;<>,? \t"')
+
+
+def sip_users() -> Rule:
+    allowed = 'a list of SIP user parts such as "100" or "+4930123" (empty = any)'
+
+    def check(value: tuple[str, ...]) -> tuple[str, ...]:
+        for item in value:
+            if not item or not item.isprintable() or _NOT_IN_USER.intersection(item):
+                raise Invalid(
+                    f"{item!r} is not a SIP user part: give the bare user, no 'sip:', '@host', "
+                    "';params' or spaces"
+                )
+        return value
+
+    return Rule(allowed, check)
+
+
+def header_text() -> Rule:
+    # It goes out verbatim in User-Agent/Server headers: a CR or LF would inject header lines.
+    allowed = "non-empty printable text"
+
+    def check(value: str) -> str:
+        if not value.strip() or not value.isprintable():
+            raise _refuse(allowed)
+        return value
+
+    return Rule(allowed, check)
+
+
+def directory(*, empty_ok: bool = False) -> Rule:
+    """A directory path, made absolute against the current directory when checked.
+
+    With ``empty_ok`` the empty string means "not set" and checks to None.
+    """
+    allowed = "a directory path (relative to the current directory)"
+    if empty_ok:
+        allowed = "empty, or " + allowed
+
+    def check(value: str | Path | None) -> Path | None:
+        if value is None or value == "":
+            if empty_ok:
+                return None
+            raise _refuse(allowed)
+        text = str(value)
+        if text.startswith("~"):
+            # Expanding it would read HOME from the real environment, not the one being loaded.
+            raise Invalid("'~' is not expanded here: give the full path")
+        return Path(text).resolve()
+
+    return Rule(allowed, check)

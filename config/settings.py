@@ -1,0 +1,225 @@
+"""The settings schema: one frozen dataclass per config section, and ``Settings`` holding them.
+
+Each key is declared once, as a field: its annotation is the type, ``default`` the default, and
+``metadata=key(rule, doc)`` what is allowed and a one-line description. The loader, the error
+messages, the environment variable names and the reference table are all derived from these
+declarations, so adding a key is adding a field, and adding a section is adding a dataclass plus
+one field of ``Settings``. Relations between keys of different sections are the
+``cross_check`` functions at the bottom.
+
+Lists are tuples so that settings stay immutable and hashable; in TOML they are arrays, in the
+environment comma-separated.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from config.rules import (
+    boolean,
+    choice_list,
+    directory,
+    float_range,
+    header_text,
+    int_choice,
+    int_range,
+    ip_literal,
+    key,
+    one_of,
+    sip_users,
+)
+
+_PORT = int_range(1, 65535)
+_ADDRESS = ip_literal()
+
+
+@dataclass(frozen=True, slots=True)
+class SipSettings:
+    address: str = field(default="127.0.0.1", metadata=key(_ADDRESS, "Address the SIP stack binds"))
+    port: int = field(default=5060, metadata=key(_PORT, "SIP port, shared by UDP and TCP"))
+    max_calls: int = field(
+        default=4,
+        metadata=key(
+            int_range(1, 4096),
+            "Calls at once in this process; the pjsua2 wheel is built for at most 4 "
+            "(PJSUA_MAX_CALLS) and refuses more, higher values need a rebuilt pjproject",
+        ),
+    )
+    max_setup_rate: float = field(
+        default=20.0,
+        metadata=key(
+            # The wheel's select ioqueue (64 handles) aborts the process past about 60 set-ups/s.
+            float_range(0, 60, lo_open=True),
+            "Call set-ups per second admitted by this process; pjsua2 aborts past about 60",
+        ),
+    )
+    numbers: tuple[str, ...] = field(
+        default=(),
+        metadata=key(sip_users(), "Called user parts answered; empty answers any user"),
+    )
+    user_agent: str = field(
+        default="voicegate", metadata=key(header_text(), "User-Agent and Server header value")
+    )
+    answer_after_s: float = field(
+        default=0.0,
+        metadata=key(
+            float_range(0, 60),
+            "Seconds an incoming call rings (180) before it is answered; 0 answers at once",
+        ),
+    )
+    shutdown_grace_s: float = field(
+        default=5.0,
+        metadata=key(
+            float_range(0, 300),
+            "Seconds live calls get after the BYE on SIGTERM before the process exits anyway",
+        ),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class MediaSettings:
+    address: str = field(default="127.0.0.1", metadata=key(_ADDRESS, "Address RTP binds"))
+    public_address: str = field(
+        default="",
+        metadata=key(
+            ip_literal(empty_ok=True, wildcard_ok=False),
+            "Address advertised in SDP; empty = the same as address",
+        ),
+    )
+    rtp_port_min: int = field(
+        default=20000, metadata=key(int_range(1024, 65535), "Lowest RTP/RTCP port")
+    )
+    rtp_port_max: int = field(
+        default=20999,
+        metadata=key(int_range(1024, 65535), "Highest RTP/RTCP port; 2 ports per call"),
+    )
+    codecs: tuple[str, ...] = field(
+        default=("PCMU", "PCMA", "G722"),
+        metadata=key(choice_list("PCMU", "PCMA", "G722", what="codec"), "Codecs, preferred first"),
+    )
+    clock_rate: int = field(
+        default=16000,
+        metadata=key(int_choice(8000, 16000), "Conference bridge sample rate in Hz"),
+    )
+    fast_frame_copy: bool = field(
+        default=True,
+        metadata=key(
+            boolean(),
+            "Copy frames through the vector's data pointer (verified at start-up) instead of "
+            "SWIG's slice-assignment copy; false only to measure the difference",
+        ),
+    )
+    @property
+    def advertised_address(self) -> str:
+        """The address to put in SDP: ``public_address``, or ``address`` when that is empty."""
+        return self.public_address or self.address
+
+
+@dataclass(frozen=True, slots=True)
+class HttpSettings:
+    address: str = field(
+        default="127.0.0.1", metadata=key(_ADDRESS, "Address of the control API and /metrics")
+    )
+    port: int = field(default=8080, metadata=key(_PORT, "Port of the control API and /metrics"))
+
+
+@dataclass(frozen=True, slots=True)
+class StorageSettings:
+    data_dir: Path = field(
+        default=Path("voicegate-data"),
+        metadata=key(directory(), "Directory of the session store; made absolute at load time"),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class AgentSettings:
+    # Later issues add "websocket" here.
+    kind: str = field(default="demo", metadata=key(one_of("demo"), "Which agent answers calls"))
+    prompts_dir: Path | None = field(
+        default=None,
+        metadata=key(
+            directory(empty_ok=True), "Directory of prompt WAVs; empty = the prompts shipped"
+        ),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class LogSettings:
+    level: str = field(
+        default="info",
+        metadata=key(one_of("debug", "info", "warning", "error"), "Level of voicegate's logs"),
+    )
+    format: str = field(
+        default="json", metadata=key(one_of("json", "text"), "Log lines as JSON or plain text")
+    )
+    pjsip_level: int = field(
+        default=1, metadata=key(int_range(0, 6), "PJSIP's own log verbosity (0 = off)")
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """All settings. Build it with ``load_settings()``, which validates; the bare constructor
+    does not (it is for tests and for ``dataclasses.replace`` on loaded settings)."""
+
+    sip: SipSettings = field(default_factory=SipSettings)
+    media: MediaSettings = field(default_factory=MediaSettings)
+    http: HttpSettings = field(default_factory=HttpSettings)
+    storage: StorageSettings = field(default_factory=StorageSettings)
+    agent: AgentSettings = field(default_factory=AgentSettings)
+    log: LogSettings = field(default_factory=LogSettings)
+
+
+# ---- relations between keys --------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CrossProblem:
+    keys: tuple[str, ...]  # dotted keys involved, e.g. ("media.rtp_port_min", "sip.max_calls")
+    reason: str
+
+
+def _overlap(a: str, b: str) -> bool:
+    """Whether sockets bound to these two addresses can collide on one port."""
+    ia, ib = ipaddress.ip_address(a), ipaddress.ip_address(b)
+    return ia == ib or ia.is_unspecified or ib.is_unspecified
+
+
+def cross_check(s: Settings) -> list[CrossProblem]:
+    """Problems that no single key shows. Runs only on settings whose keys are each valid."""
+    problems: list[CrossProblem] = []
+    m = s.media
+    rtp = ("media.rtp_port_min", "media.rtp_port_max")
+    if m.rtp_port_min >= m.rtp_port_max:
+        problems.append(CrossProblem(rtp, "rtp_port_min must be below rtp_port_max"))
+    elif (count := m.rtp_port_max - m.rtp_port_min + 1) < 2 * s.sip.max_calls:
+        # Each call holds an RTP and an RTCP socket (RFC 3550 section 11: RTCP on the next port).
+        problems.append(
+            CrossProblem(
+                (*rtp, "sip.max_calls"),
+                f"the RTP range holds {count} ports but {s.sip.max_calls} calls need "
+                f"{2 * s.sip.max_calls} (2 per call)",
+            )
+        )
+    if ipaddress.ip_address(m.address).is_unspecified and not m.public_address:
+        # SDP with c=0.0.0.0 means "hold" (RFC 3264 section 8.4): the caller would send nothing.
+        problems.append(
+            CrossProblem(
+                ("media.address", "media.public_address"),
+                "a wildcard media address needs a public_address to advertise in SDP",
+            )
+        )
+    # SIP over TCP and HTTP would fight for one TCP port; SIP over UDP and RTP for one UDP port.
+    if s.sip.port == s.http.port and _overlap(s.sip.address, s.http.address):
+        problems.append(
+            CrossProblem(("sip.port", "http.port"), "SIP (TCP) and HTTP need different ports")
+        )
+    if m.rtp_port_min <= s.sip.port <= m.rtp_port_max and _overlap(s.sip.address, m.address):
+        problems.append(
+            CrossProblem(
+                ("sip.port", *rtp), "the SIP port must lie outside the RTP range (both UDP)"
+            )
+        )
+    return problems

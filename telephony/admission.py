@@ -1,0 +1,81 @@
+"""Which INVITEs a worker takes, and how fast: sans-IO, time passed in.
+
+Why a rate limit at all: every INVITE that reaches ``onIncomingCall`` has already made PJSIP open
+an RTP and an RTCP socket, and a closed socket's ioqueue key stays reserved for 500 ms
+(``PJ_IOQUEUE_KEY_FREE_DELAY``). The wheel's select ioqueue has 64 keys and *asserts* (aborting the
+process) when none is free (pjlib ``ioqueue_select.c``, shared/notes/pjsua2.md). So the socket churn
+per second must stay bounded whatever callers do.
+
+Two mechanisms bound it:
+- a token bucket admits at most ``rate`` set-ups per second (burst ``burst``);
+- an INVITE over the rate is answered 503 only once its call slot is older than
+  :data:`SLOT_HOLD_S`. While held, the slot counts against PJSIP's own ceiling, so further INVITEs
+  are refused by PJSIP statelessly, before any socket is opened. Held slots can therefore churn at
+  most ``max_calls / SLOT_HOLD_S`` sockets pairs per second.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Longer than PJ_IOQUEUE_KEY_FREE_DELAY (500 ms), so a held slot outlives its sockets' quarantine.
+SLOT_HOLD_S = 0.6
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """``status`` None means accept; otherwise answer ``status`` not before ``not_before``."""
+
+    status: int | None
+    reason: str
+    not_before: float = 0.0
+
+
+ACCEPT = Decision(None, "accepted")
+
+
+class Admission:
+    """Decides each INVITE. Not thread-safe: the SIP thread is its only user."""
+
+    def __init__(
+        self,
+        *,
+        max_calls: int,
+        rate: float,
+        numbers: frozenset[str] = frozenset(),
+        burst: float | None = None,
+    ) -> None:
+        if max_calls < 1 or rate <= 0:
+            raise ValueError("max_calls must be >= 1 and rate > 0")
+        self.max_calls = max_calls
+        self.rate = rate
+        self.burst = burst if burst is not None else max(1.0, float(max_calls))
+        self.numbers = numbers
+        self.draining = False
+        self._tokens = self.burst
+        self._last: float | None = None
+
+    def _take_token(self, now: float) -> bool:
+        if self._last is not None:
+            self._tokens = min(self.burst, self._tokens + (now - self._last) * self.rate)
+        self._last = now
+        if self._tokens >= 1.0:
+            self._tokens -= 1.0
+            return True
+        return False
+
+    def decide(self, *, live_calls: int, called_user: str, now: float) -> Decision:
+        """Decide an INVITE that PJSIP has turned into a call slot at ``now``.
+
+        ``live_calls`` counts this worker's calls not counting the new one.
+        """
+        if self.draining:
+            # RFC 3261 21.5.4: 503 tells the front door to try another worker.
+            return Decision(503, "draining", now)
+        if not self._take_token(now):
+            return Decision(503, "setup_rate", now + SLOT_HOLD_S)
+        if self.numbers and called_user not in self.numbers:
+            return Decision(404, "unknown_number", now)
+        if live_calls >= self.max_calls:
+            return Decision(486, "capacity", now)
+        return ACCEPT

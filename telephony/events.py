@@ -1,0 +1,117 @@
+"""What crosses between the SIP thread and asyncio: events one way, commands the other.
+
+Plain frozen dataclasses, so nothing of pjsua2 leaks into asyncio code. ``call_id`` is voicegate's
+own id for the call (also its session id), never PJSIP's index, which is reused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from telephony.media_bridge import MediaChannel
+
+
+# --- events: SIP thread -> asyncio ------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TransportsUp:
+    """The UDP and TCP transports are bound; ``/readyz`` may say ready."""
+
+    addresses: tuple[str, ...]
+    fast_copy: bool
+
+
+@dataclass(frozen=True, slots=True)
+class TransportsDown:
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class CallOffered:
+    call_id: str
+    sip_call_id: str
+    remote_uri: str
+    local_uri: str
+    called_user: str
+    transport: str
+
+
+@dataclass(frozen=True, slots=True)
+class CallRefused:
+    """An INVITE refused before it became a call. ``reason`` is a fixed label for metrics."""
+
+    status: int
+    reason: str
+    remote_uri: str
+
+
+@dataclass(frozen=True, slots=True)
+class CallAnswered:
+    call_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class MediaReady:
+    """Audio flows through ``channel`` at ``rate``; sent again after every media change."""
+
+    call_id: str
+    codec: str
+    rate: int
+    channel: MediaChannel
+
+
+@dataclass(frozen=True, slots=True)
+class DtmfReceived:
+    call_id: str
+    digit: str
+    method: str
+
+
+@dataclass(frozen=True, slots=True)
+class CallEnded:
+    """The dialog is gone. ``by`` is ``caller`` or ``server``; ``answered`` whether it ever was."""
+
+    call_id: str
+    by: str
+    status: int
+    reason: str
+    answered: bool
+
+
+SipEvent = (
+    TransportsUp
+    | TransportsDown
+    | CallOffered
+    | CallRefused
+    | CallAnswered
+    | MediaReady
+    | DtmfReceived
+    | CallEnded
+)
+
+
+# --- commands: asyncio -> SIP thread ----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    call_id: str
+    status: int = 200
+
+
+@dataclass(frozen=True, slots=True)
+class Hangup:
+    call_id: str
+    status: int = 603
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Drain:
+    """Refuse every new INVITE with 503 from now on (shutdown has begun)."""
+
+
+SipCommand = Answer | Hangup | Drain

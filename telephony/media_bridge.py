@@ -1,0 +1,117 @@
+"""The per-call ``AudioMediaPort`` that moves 20 ms PCM frames between PJSIP and asyncio.
+
+Its two callbacks run on PJSIP's media clock thread, serially for every port of the process, under
+the GIL (shared/notes/pjsua2.md, "Threading"). They therefore do nothing but one copy into or out of
+a deque: ``deque.append``/``popleft`` are O(1), atomic under the GIL and never block, so the asyncio
+side needs no lock. No numpy, no logging, no pjsua2 calls here.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import pjsua2 as pj
+
+from telephony.frame_copy import Copier
+
+FRAME_MS = 20
+
+
+def frame_bytes(rate: int) -> int:
+    """Bytes of one 20 ms mono 16-bit frame at ``rate``."""
+    return rate * FRAME_MS // 1000 * 2
+
+
+class MediaChannel:
+    """The asyncio-facing half of a call's media: plain Python, no pjsua2 object.
+
+    ``inbound`` keeps at most ``inbound_frames`` frames of caller audio; if asyncio falls that far
+    behind, the oldest are dropped and counted rather than growing without bound. ``outbound`` is
+    filled by the playout owner on the asyncio side, which bounds it; an empty queue plays silence
+    (counted as an underrun only when it runs dry after playing something).
+
+    Keeping this apart from :class:`MediaBridge` means asyncio never holds a pjsua2 object: a port
+    collected after ``libDestroy`` aborts the process, so only the SIP thread owns ports.
+    """
+
+    __slots__ = (
+        "_was_playing",
+        "frame_size",
+        "inbound",
+        "outbound",
+        "rate",
+        "rx_frames",
+        "rx_overflow",
+        "silence",
+        "tx_audio_frames",
+        "tx_frames",
+        "tx_underruns",
+    )
+
+    def __init__(self, rate: int, inbound_frames: int = 50) -> None:
+        self.rate = rate
+        self.frame_size = frame_bytes(rate)
+        self.silence = bytes(self.frame_size)
+        self.inbound: deque[bytes] = deque(maxlen=inbound_frames)
+        self.outbound: deque[bytes] = deque()
+        # Written only by the media thread; read (racily but safely) by others.
+        self.rx_frames = 0
+        self.rx_overflow = 0
+        self.tx_frames = 0
+        self.tx_audio_frames = 0
+        self.tx_underruns = 0
+        self._was_playing = False
+
+    def push_inbound(self, data: bytes) -> None:
+        inbound = self.inbound
+        if len(inbound) == inbound.maxlen:
+            self.rx_overflow += 1
+        inbound.append(data)
+        self.rx_frames += 1
+
+    def pull_outbound(self) -> bytes:
+        """The next frame for the caller, or silence. O(1), never blocks."""
+        self.tx_frames += 1
+        try:
+            data = self.outbound.popleft()
+        except IndexError:
+            if self._was_playing:
+                self.tx_underruns += 1
+                self._was_playing = False
+            return self.silence
+        self.tx_audio_frames += 1
+        self._was_playing = True
+        return data
+
+
+class MediaBridge(pj.AudioMediaPort):  # type: ignore[misc]
+    """The pjsua2 port of one call; owned and destroyed by the SIP thread only."""
+
+    def __init__(self, name: str, channel: MediaChannel, copier: Copier) -> None:
+        super().__init__()
+        self.name = name
+        self.channel = channel
+        self.rate = channel.rate
+        self._read = copier.read
+        self._write = copier.write
+        self._push = channel.push_inbound
+        self._pull = channel.pull_outbound
+
+    def create(self) -> None:
+        """Register the port with the conference bridge. Call on the SIP thread."""
+        fmt = pj.MediaFormatAudio()
+        fmt.init(pj.PJMEDIA_FORMAT_PCM, self.rate, 1, FRAME_MS * 1000, 16)
+        self.createPort(self.name, fmt)
+
+    # --- media clock thread -------------------------------------------------------------------
+
+    def onFrameReceived(self, frame: Any) -> None:
+        if frame.type == pj.PJMEDIA_FRAME_TYPE_AUDIO:
+            self._push(self._read(frame.buf))
+
+    def onFrameRequested(self, frame: Any) -> None:
+        data = self._pull()
+        frame.type = pj.PJMEDIA_FRAME_TYPE_AUDIO
+        self._write(frame.buf, data)
+        frame.size = len(data)

@@ -1,0 +1,46 @@
+"""The few facts voicegate reads from a raw INVITE before PJSIP hands it a call object.
+
+PJSIP has already parsed and accepted the message when these run, so they only need to find a
+field, never to validate one; a field they cannot find gives an empty string.
+"""
+
+from __future__ import annotations
+
+import re
+
+_REQUEST_LINE = re.compile(r"^[A-Z]+\s+(?:sips?:([^@;>\s]*)@|tel:([^;>\s]*))", re.IGNORECASE)
+# RFC 3261 7.3.3: "v" is the compact form of Via.
+_VIA = re.compile(
+    r"^(?:via|v)\s*:\s*SIP\s*/\s*2\.0\s*/\s*([A-Za-z]+)", re.IGNORECASE | re.MULTILINE
+)
+
+
+def request_user(whole_msg: str) -> str:
+    """The user part of the Request-URI (the number or name that was dialled)."""
+    first_line = whole_msg.split("\r\n", 1)[0].split("\n", 1)[0]
+    match = _REQUEST_LINE.match(first_line)
+    if match is None:
+        return ""
+    return match.group(1) if match.group(1) is not None else match.group(2)
+
+
+def via_transport(whole_msg: str) -> str:
+    """The transport of the top Via header, lower-cased (``udp``, ``tcp``, ...)."""
+    match = _VIA.search(whole_msg)
+    return match.group(1).lower() if match else ""
+
+
+def mask_uri(uri: str, keep: int = 3) -> str:
+    """A SIP URI with every digit of its user part masked but the last ``keep``.
+
+    STYLE.md habit 10: phone numbers in logs are masked except the last digits.
+    """
+
+    def _mask(match: re.Match[str]) -> str:
+        user = match.group(2)
+        digits = [i for i, ch in enumerate(user) if ch.isdigit()]
+        hidden = set(digits[:-keep] if keep else digits)
+        masked = "".join("*" if i in hidden else ch for i, ch in enumerate(user))
+        return match.group(1) + masked + "@"
+
+    return re.sub(r"((?:sips?|tel):)([^@]*)@", _mask, uri, count=1)

@@ -1,0 +1,32 @@
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.harness import Server
+
+if shutil.which("sipp") is None:  # pragma: no cover - CI installs it
+    raise pytest.UsageError("integration tests need SIPp: apt-get install sip-tester")
+
+
+@pytest.fixture
+def server_factory(tmp_path: Path) -> Iterator[object]:
+    """Start servers on free ports; every one still running is stopped (SIGTERM) at teardown."""
+    started: list[Server] = []
+
+    def start(name: str = "server", wait_ready: bool = True, **env: str) -> Server:
+        server = Server(tmp_path / name, env_overrides=env)
+        started.append(server)
+        return server.start(wait_ready=wait_ready)
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture
+def server(server_factory) -> Server:  # type: ignore[no-untyped-def]
+    return server_factory()  # type: ignore[no-any-return]

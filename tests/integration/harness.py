@@ -1,0 +1,286 @@
+"""Real peers for integration tests: a ``voicegate serve`` subprocess and SIPp runs against it.
+
+Every port is picked free on loopback; every wait polls a condition with a bound (STYLE.md habit 3).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from prometheus_client.parser import text_string_to_metric_families
+
+ROOT = Path(__file__).resolve().parents[2]
+SCENARIOS = ROOT / "sipp-scenarios"
+LOOPBACK = "127.0.0.1"
+T = TypeVar("T")
+
+_used_ports: set[int] = set()
+
+
+def free_port(*, udp_and_tcp: bool = True) -> int:
+    """A port free on loopback for TCP (and UDP), not handed out before in this test run."""
+    for _ in range(200):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as tcp:
+            tcp.bind((LOOPBACK, 0))
+            port = tcp.getsockname()[1]
+            if port in _used_ports:
+                continue
+            if udp_and_tcp:
+                try:
+                    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+                        udp.bind((LOOPBACK, port))
+                except OSError:
+                    continue
+            _used_ports.add(port)
+            return port
+    raise RuntimeError("no free port")
+
+
+_next_rtp_base = [30000 + (os.getpid() % 200) * 100]
+
+
+def rtp_range(size: int = 40) -> tuple[int, int]:
+    base = _next_rtp_base[0]
+    _next_rtp_base[0] += size
+    return base, base + size - 1
+
+
+def wait_for(condition: Callable[[], T], timeout: float, what: str, interval: float = 0.05) -> T:
+    """Poll ``condition`` until it returns something truthy, at most ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = condition()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+@dataclass
+class Server:
+    """A ``voicegate serve`` subprocess on free loopback ports with its own data directory."""
+
+    data_dir: Path
+    env_overrides: dict[str, str] = field(default_factory=dict)
+    sip_port: int = 0
+    http_port: int = 0
+    process: subprocess.Popen[bytes] | None = None
+    log_path: Path | None = None
+
+    def __post_init__(self) -> None:
+        self.sip_port = self.sip_port or free_port()
+        self.http_port = self.http_port or free_port(udp_and_tcp=False)
+        self.rtp_min, self.rtp_max = rtp_range()
+
+    @property
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("VOICEGATE_")}
+        env.update(
+            {
+                "VOICEGATE_SIP_PORT": str(self.sip_port),
+                "VOICEGATE_HTTP_PORT": str(self.http_port),
+                "VOICEGATE_MEDIA_RTP_PORT_MIN": str(self.rtp_min),
+                "VOICEGATE_MEDIA_RTP_PORT_MAX": str(self.rtp_max),
+                "VOICEGATE_STORAGE_DATA_DIR": str(self.data_dir),
+                "VOICEGATE_LOG_LEVEL": "debug",
+            }
+        )
+        env.update(self.env_overrides)
+        return env
+
+    def start(self, *, wait_ready: bool = True) -> Server:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        n = len(list(self.data_dir.glob("server-*.log")))
+        self.log_path = self.data_dir / f"server-{n}.log"
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "voicegate", "serve"],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.data_dir,
+            )
+        if wait_ready:
+            wait_for(self._ready, 30, f"/readyz of the server (log: {self.log_path})")
+        return self
+
+    def _ready(self) -> bool:
+        assert self.process is not None
+        if self.process.poll() is not None:
+            raise AssertionError(f"server exited with {self.process.returncode}:\n{self.log()}")
+        status, _ = self.http("/readyz")
+        return status == 200
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path else ""
+
+    def log_events(self) -> list[dict[str, Any]]:
+        events = []
+        for line in self.log().splitlines():
+            with contextlib.suppress(ValueError):
+                events.append(json.loads(line))
+        return events
+
+    @property
+    def sip_target(self) -> str:
+        return f"{LOOPBACK}:{self.sip_port}"
+
+    def http(self, path: str) -> tuple[int, Any]:
+        url = f"http://{LOOPBACK}:{self.http_port}{path}"
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                body = response.read()
+                status = response.status
+                ctype = response.headers.get("Content-Type", "")
+        except urllib.error.HTTPError as exc:
+            body, status, ctype = exc.read(), exc.code, exc.headers.get("Content-Type", "")
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            return 0, None
+        return status, json.loads(body) if "json" in ctype else body.decode()
+
+    def live_calls(self) -> list[dict[str, Any]]:
+        status, body = self.http("/v1/calls")
+        assert status == 200, body
+        calls: list[dict[str, Any]] = body["calls"]
+        return calls
+
+    def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        status, body = self.http("/metrics")
+        assert status == 200
+        samples = {}
+        for family in text_string_to_metric_families(body):
+            for sample in family.samples:
+                samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+        return samples
+
+    def metric(self, name: str, **labels: str) -> float:
+        return self.metrics().get((name, tuple(sorted(labels.items()))), 0.0)
+
+    def records(self) -> list[dict[str, Any]]:
+        db = sqlite3.connect(self.data_dir / "voicegate.sqlite3")
+        db.row_factory = sqlite3.Row
+        try:
+            return [dict(row) for row in db.execute("SELECT * FROM calls ORDER BY started_at")]
+        finally:
+            db.close()
+
+    def signal(self, signum: int) -> None:
+        assert self.process is not None
+        self.process.send_signal(signum)
+
+    def wait_exit(self, timeout: float) -> int:
+        assert self.process is not None
+        return self.process.wait(timeout=timeout)
+
+    def stop(self) -> int | None:
+        if self.process is None or self.process.poll() is not None:
+            return self.process.returncode if self.process else None
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=10)
+            raise AssertionError(f"server did not exit on SIGTERM:\n{self.log()[-3000:]}") from None
+
+
+@dataclass
+class Sipp:
+    """One SIPp run of a scenario from ``sipp-scenarios/`` against a server."""
+
+    scenario: str
+    target: str
+    work_dir: Path
+    calls: int = 1
+    rate: float | None = None
+    limit: int | None = None
+    transport: str = "u1"
+    extra: tuple[str, ...] = ()
+    timeout_s: int = 90
+    process: subprocess.Popen[bytes] | None = None
+
+    def args(self) -> list[str]:
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        stem = Path(self.scenario).stem
+        args = [
+            "sipp",
+            "-sf",
+            str(SCENARIOS / self.scenario),
+            self.target,
+            "-m",
+            str(self.calls),
+            "-i",
+            LOOPBACK,
+            "-p",
+            str(free_port()),
+            "-mp",
+            str(free_port(udp_and_tcp=False)),
+            "-t",
+            self.transport,
+            "-timeout",
+            f"{self.timeout_s}s",
+            "-timeout_error",
+            "-nostdin",
+            "-trace_err",
+            "-error_file",
+            str(self.work_dir / f"{stem}.errors.log"),
+            "-trace_stat",
+            "-stf",
+            str(self.work_dir / f"{stem}.stat.csv"),
+        ]
+        if self.rate is not None:
+            args += ["-r", str(self.rate)]
+        if self.limit is not None:
+            args += ["-l", str(self.limit)]
+        return [a for a in args if a] + list(self.extra)
+
+    def start(self) -> Sipp:
+        # SIPp resolves play_pcap_audio paths against its working directory (notes/pjsua2.md).
+        self.process = subprocess.Popen(
+            self.args(), cwd=SCENARIOS, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+        return self
+
+    def wait(self, timeout: float | None = None) -> int:
+        assert self.process is not None
+        try:
+            _, err = self.process.communicate(timeout=timeout or self.timeout_s + 30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.communicate()
+            raise AssertionError(f"SIPp {self.scenario} did not finish") from None
+        self.stderr = err.decode(errors="replace")
+        return self.process.returncode
+
+    def run(self) -> int:
+        return self.start().wait()
+
+    def errors(self) -> str:
+        path = self.work_dir / f"{Path(self.scenario).stem}.errors.log"
+        return (path.read_text(errors="replace") if path.exists() else "") + getattr(
+            self, "stderr", ""
+        )
+
+
+@contextlib.contextmanager
+def running_server(data_dir: Path, **env: str) -> Iterator[Server]:
+    server = Server(data_dir, env_overrides=env).start()
+    try:
+        yield server
+    finally:
+        server.stop()

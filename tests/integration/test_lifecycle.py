@@ -1,0 +1,139 @@
+"""Capacity, set-up bursts, shutdown and crash: the process's own lifecycle, with real callers."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.integration.harness import Server, Sipp, free_port, wait_for
+
+
+def test_calls_beyond_the_ceiling_are_refused_with_486_and_counted(
+    server_factory,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+) -> None:
+    server = server_factory(VOICEGATE_SIP_MAX_CALLS="2")
+    holders = Sipp(
+        "uac-speech-dtmf.xml", server.sip_target, tmp_path / "a", calls=2, rate=10, limit=2
+    ).start()
+    wait_for(lambda: len(server.live_calls()) == 2, 10, "two live calls")
+    extra = Sipp("uac-burst.xml", server.sip_target, tmp_path / "b")
+    assert extra.run() == 0, extra.errors()
+    assert server.metric("voicegate_calls_refused_total", reason="capacity", status="486") == 1
+    assert len(server.live_calls()) == 2
+    assert holders.wait() == 0, holders.errors()
+    wait_for(
+        lambda: server.metric("voicegate_calls_total", outcome="completed") == 2,
+        5,
+        "two completed calls",
+    )
+
+
+def test_a_burst_of_setups_is_refused_in_part_and_never_aborts(
+    server: Server, tmp_path: Path
+) -> None:
+    # 150 set-ups per second is past the ~60/s at which pjsua2's select ioqueue aborts.
+    burst = Sipp(
+        "uac-burst.xml", server.sip_target, tmp_path, calls=450, rate=150, limit=60, timeout_s=60
+    )
+    code = burst.run()
+    assert server.process is not None and server.process.poll() is None, server.log()[-3000:]
+    assert code == 0, burst.errors()[-3000:]
+    refused = sum(
+        value
+        for (name, _), value in server.metrics().items()
+        if name == "voicegate_calls_refused_total"
+    )
+    answered = server.metric("voicegate_calls_total", outcome="completed")
+    assert refused > 0
+    assert answered > 0
+    assert refused + answered == 450
+    # Still serving afterwards.
+    after = Sipp("uac-server-hangup.xml", server.sip_target, tmp_path / "after")
+    assert after.run() == 0, after.errors()
+
+
+def test_sigterm_refuses_new_calls_ends_live_ones_and_exits_0(
+    server: Server, tmp_path: Path
+) -> None:
+    live = Sipp("uac-wait-for-bye.xml", server.sip_target, tmp_path / "live").start()
+    wait_for(lambda: [c for c in server.live_calls() if c["state"] == "answered"], 10, "a call")
+    server.signal(signal.SIGTERM)
+    wait_for(lambda: server.http("/readyz")[0] == 503, 5, "/readyz to say not ready")
+    refused = Sipp("uac-refused.xml", server.sip_target, tmp_path / "refused")
+    assert refused.run() == 0, refused.errors()
+    # The live caller gets a BYE (SIPp's scenario fails without one) and the process exits 0.
+    assert live.wait() == 0, live.errors()
+    assert server.wait_exit(30) == 0
+    (record,) = server.records()
+    assert record["terminal_state"] == "canceled"
+    assert record["reason"] == "server shutting down"
+
+
+def test_sigint_with_no_calls_exits_0(server: Server) -> None:
+    server.signal(signal.SIGINT)
+    assert server.wait_exit(30) == 0
+
+
+def test_a_call_whose_process_was_killed_is_finalised_at_restart(
+    server: Server, tmp_path: Path
+) -> None:
+    live = Sipp("uac-wait-for-bye.xml", server.sip_target, tmp_path, timeout_s=20).start()
+    wait_for(lambda: [c for c in server.live_calls() if c["state"] == "answered"], 10, "a call")
+    server.signal(signal.SIGKILL)
+    assert server.wait_exit(10) == -signal.SIGKILL
+    (record,) = server.records()
+    assert record["terminal_state"] is None
+    server.start()
+    (record,) = server.records()
+    assert record["terminal_state"] == "failed"
+    assert record["stage"] == "process"
+    assert server.metric("voicegate_calls_finalized_at_startup_total") == 1
+    assert server.metric("voicegate_calls_total", outcome="failed") == 0  # not counted twice
+    live.process.kill() if live.process else None
+
+
+def test_bad_config_value_fails_start_with_one_line_naming_the_key(tmp_path: Path) -> None:
+    env = Server(tmp_path).env | {"VOICEGATE_SIP_PORT": "abc"}
+    result = subprocess.run(
+        [sys.executable, "-m", "voicegate", "serve"], env=env, capture_output=True, timeout=30
+    )
+    assert result.returncode == 2
+    lines = result.stderr.decode().strip().splitlines()
+    assert len(lines) == 1
+    assert "sip.port" in lines[0] and "'abc'" in lines[0] and "VOICEGATE_SIP_PORT" in lines[0]
+
+
+def test_check_config_validates_a_file_without_starting(tmp_path: Path) -> None:
+    good = tmp_path / "good.toml"
+    good.write_text("[sip]\nport = 5099\n")
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[media]\ncodecs = ["OPUS"]\n')
+    ok = subprocess.run(
+        [sys.executable, "-m", "voicegate", "check-config", str(good)],
+        capture_output=True,
+        timeout=30,
+    )
+    assert ok.returncode == 0, ok.stderr
+    refused = subprocess.run(
+        [sys.executable, "-m", "voicegate", "check-config", str(bad)],
+        capture_output=True,
+        timeout=30,
+    )
+    assert refused.returncode == 2
+    assert "media.codecs" in refused.stderr.decode() and "OPUS" in refused.stderr.decode()
+
+
+def test_sip_port_in_use_fails_start_with_a_clear_message(tmp_path: Path) -> None:
+    import socket
+
+    port = free_port()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as taken:
+        taken.bind(("127.0.0.1", port))
+        server = Server(tmp_path, sip_port=port)
+        server.start(wait_ready=False)
+        code = server.wait_exit(30)
+    assert code == 3
+    assert "cannot start SIP" in server.log()

@@ -1,0 +1,68 @@
+"""The frame bridge: the verified pointer copy and the channel the media thread pulls from."""
+
+from __future__ import annotations
+
+import pjsua2 as pj
+from hypothesis import given
+from hypothesis import strategies as st
+
+from telephony.frame_copy import FAST, SLOW, fast_read, fast_write, select_copier, slow_read
+from telephony.media_bridge import MediaChannel, frame_bytes
+
+
+def test_fast_copy_is_verified_on_this_build() -> None:
+    assert select_copier(pj.ByteVector) is FAST
+
+
+def test_fast_copy_can_be_refused() -> None:
+    assert select_copier(pj.ByteVector, allow_fast=False) is SLOW
+
+
+def test_a_copier_that_disagrees_with_the_slow_path_is_not_used() -> None:
+    class Lying:
+        """A vector whose fast read cannot work: no ``this`` pointer."""
+
+        def __init__(self, data: bytes = b"") -> None:
+            self.data = bytearray(data)
+
+        def size(self) -> int:
+            return len(self.data)
+
+    assert select_copier(Lying) is SLOW
+
+
+@given(st.binary(max_size=2048), st.binary(max_size=2048))
+def test_fast_read_and_write_equal_swig_on_real_vectors(first: bytes, second: bytes) -> None:
+    vec = pj.ByteVector(first) if first else pj.ByteVector()
+    assert fast_read(vec) == slow_read(vec) == first
+    fast_write(vec, second)
+    assert slow_read(vec) == second
+    assert vec.size() == len(second)
+
+
+def test_frame_sizes() -> None:
+    assert frame_bytes(8000) == 320
+    assert frame_bytes(16000) == 640
+
+
+def test_empty_outbound_plays_silence_and_counts_one_underrun_per_dry_spell() -> None:
+    channel = MediaChannel(8000)
+    assert channel.pull_outbound() == bytes(320)
+    assert channel.tx_underruns == 0  # nothing was playing yet
+    tone = b"\x01\x02" * 160
+    channel.outbound.extend([tone, tone])
+    assert channel.pull_outbound() == tone
+    assert channel.pull_outbound() == tone
+    assert channel.pull_outbound() == bytes(320)
+    assert channel.pull_outbound() == bytes(320)
+    assert channel.tx_underruns == 1
+    assert (channel.tx_frames, channel.tx_audio_frames) == (5, 2)
+
+
+def test_inbound_ring_is_bounded_and_counts_what_it_drops() -> None:
+    channel = MediaChannel(8000, inbound_frames=3)
+    for i in range(5):
+        channel.push_inbound(bytes([i]) * 320)
+    assert [frame[0] for frame in channel.inbound] == [2, 3, 4]
+    assert channel.rx_overflow == 2
+    assert channel.rx_frames == 5

@@ -1,0 +1,29 @@
+from __future__ import annotations
+
+from telephony.sip_message import mask_uri, request_user, via_transport
+
+INVITE = (
+    "INVITE sip:+4930123456@voicegate.example:5060;transport=tcp SIP/2.0\r\n"
+    "v: SIP/2.0/TCP 10.0.0.1:5070;branch=z9hG4bK1\r\n"
+    "Via: SIP/2.0/UDP 10.0.0.2;branch=z9hG4bK2\r\n\r\n"
+)
+
+
+def test_request_user_and_top_via_transport() -> None:
+    assert request_user(INVITE) == "+4930123456"
+    assert via_transport(INVITE) == "tcp"
+
+
+def test_missing_fields_give_empty_strings() -> None:
+    assert request_user("garbage") == ""
+    assert via_transport("INVITE sip:x@y SIP/2.0\r\n\r\n") == ""
+    assert request_user("INVITE sip:host.example SIP/2.0\r\n") == ""
+
+
+def test_mask_keeps_only_the_last_three_digits() -> None:
+    assert (
+        mask_uri('"Bob" <sip:+4930123456@carrier.example>')
+        == '"Bob" <sip:+*******456@carrier.example>'
+    )
+    assert mask_uri("sip:alice@example.org") == "sip:alice@example.org"
+    assert mask_uri("<sip:12@x>") == "<sip:12@x>"

@@ -1,0 +1,5 @@
+import sys
+
+from voicegate.cli import main
+
+sys.exit(main())

@@ -1,0 +1,68 @@
+"""The Prometheus metrics of one voicegate process, on a registry of their own."""
+
+from __future__ import annotations
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    PlatformCollector,
+    ProcessCollector,
+)
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
+        r = self.registry
+        self.calls_active = Gauge(
+            "voicegate_calls_active", "Calls offered and not yet ended", registry=r
+        )
+        self.calls_offered = Counter(
+            "voicegate_calls_offered_total", "INVITEs accepted as calls", registry=r
+        )
+        self.calls = Counter(
+            "voicegate_calls_total",
+            "Calls ended, by terminal state (completed, canceled, timed_out, failed, needs_human)",
+            ["outcome"],
+            registry=r,
+        )
+        self.calls_refused = Counter(
+            "voicegate_calls_refused_total",
+            "INVITEs refused before becoming a call, by reason and SIP status",
+            ["reason", "status"],
+            registry=r,
+        )
+        self.dtmf_digits = Counter(
+            "voicegate_dtmf_digits_total", "DTMF digits received", ["method"], registry=r
+        )
+        self.media_frames = Counter(
+            "voicegate_media_frames_total",
+            "20 ms frames moved through media bridges of ended calls",
+            ["direction"],
+            registry=r,
+        )
+        self.playout_underruns = Counter(
+            "voicegate_playout_underruns_total",
+            "Times a call's playout ran dry while audio was playing",
+            registry=r,
+        )
+        self.sip_ready = Gauge(
+            "voicegate_sip_transports_up", "1 while the SIP transports are bound", registry=r
+        )
+        self.fast_frame_copy = Gauge(
+            "voicegate_fast_frame_copy",
+            "1 if the verified pointer copy is used for frames, 0 for the slow SWIG copy",
+            registry=r,
+        )
+        self.orphans_finalized = Counter(
+            "voicegate_calls_finalized_at_startup_total",
+            "Calls a previous process left open, ended as failed at start-up",
+            registry=r,
+        )
+        for outcome in ("completed", "canceled", "timed_out", "failed", "needs_human"):
+            self.calls.labels(outcome)
