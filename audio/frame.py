@@ -30,7 +30,7 @@ class FrameError(ValueError):
 
 
 def samples_per_frame(rate: int, ms: int = FRAME_MS) -> int:
-    """Samples in ``ms`` milliseconds at ``rate`` Hz; raises ``ValueError`` if not a whole number."""
+    """Samples in ``ms`` milliseconds at ``rate`` Hz; ``ValueError`` if not a whole number."""
     if rate <= 0 or ms <= 0:
         raise ValueError(f"rate and ms must be positive, got rate={rate} ms={ms}")
     count, rest = divmod(rate * ms, 1000)

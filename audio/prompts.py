@@ -16,7 +16,7 @@ import soundfile
 from numpy.typing import NDArray
 
 from audio.frame import Frame, FrameError, samples_per_frame
-from audio.resample import resample
+from audio.resample import RATES, resample
 
 
 class UnknownPrompt(KeyError):
@@ -46,9 +46,11 @@ def load_prompt(path: str | os.PathLike[str], rate: int) -> NDArray[np.int16]:
 
     Channels are averaged; float files are scaled so 1.0 is full scale and saturated beyond it.
     """
-    # soundfile hands every subtype back as float64 with integer PCM divided by 32768, so
-    # multiplying by 32768 restores 16-bit files exactly and maps float files onto int16.
+    # soundfile scales every subtype to float64 with integer full scale at 1.0 (int16 divided by
+    # 32768), so multiplying by 32768 restores 16-bit files exactly and maps the rest onto int16.
     data, file_rate = soundfile.read(os.fspath(path), dtype="float64", always_2d=True)
+    if file_rate not in RATES:
+        raise ValueError(f"{path}: sample rate {file_rate} Hz is not one of {sorted(RATES)}")
     mono = data.mean(axis=1) * 32768.0
     samples = np.clip(np.rint(mono), -32768, 32767).astype(np.int16)
     return resample(samples, int(file_rate), rate)
@@ -79,8 +81,13 @@ class PromptLibrary:
     def __getitem__(self, name: str) -> NDArray[np.int16]:
         return self.get(name)
 
+    def load_all(self, rate: int | None = None) -> None:
+        """Load every prompt at ``rate`` now, so a broken file fails start-up rather than a call."""
+        for name in self._paths:
+            self.get(name, rate)
+
     def get(self, name: str, rate: int | None = None) -> NDArray[np.int16]:
-        """Prompt ``name`` at ``rate`` Hz (default: the library's); raises :class:`UnknownPrompt`."""
+        """Prompt ``name`` at ``rate`` Hz (default: the library's), or :class:`UnknownPrompt`."""
         rate = self.rate if rate is None else rate
         key = (name, rate)
         cached = self._cache.get(key)

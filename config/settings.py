@@ -111,6 +111,7 @@ class MediaSettings:
             "SWIG's slice-assignment copy; false only to measure the difference",
         ),
     )
+
     @property
     def advertised_address(self) -> str:
         """The address to put in SDP: ``public_address``, or ``address`` when that is empty."""

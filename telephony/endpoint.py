@@ -31,8 +31,8 @@ from telephony.sip_message import mask_uri, request_user, via_transport
 log = logging.getLogger("voicegate.sip")
 
 _POLL_MS = 10
-# Python wrappers of ended calls are kept this long after DISCONNECTED: PJSIP may still call their
-# ports back during the current tick (notes: "Lifetimes and the GIL").
+# Media ports of ended calls are kept this long after DISCONNECTED: the media clock thread may
+# still call them back during the current tick (notes: "Lifetimes and the GIL").
 _GRAVEYARD_S = 2.0
 _CODEC_IDS = {"PCMU": "PCMU/8000/1", "PCMA": "PCMA/8000/1", "G722": "G722/16000/1"}
 
@@ -84,9 +84,11 @@ class _Endpoint(pj.Endpoint):  # type: ignore[misc]
         self._owner = owner
 
     def onRejectedIncomingCall(self, prm: Any) -> None:
-        # PJSIP's own refusals, made before any call object exists: above all the wheel's
-        # PJSUA_MAX_CALLS ceiling (486), answered statelessly.
-        self._owner._post(ev.CallRefused(prm.statusCode, "pjsip_ceiling", prm.remoteInfo))
+        # PJSIP's own refusals, made before any call object exists. Above all 486 when every call
+        # slot is taken: uaConfig.maxCalls is sip.max_calls (clamped to the wheel's
+        # PJSUA_MAX_CALLS), so PJSIP enforces our ceiling statelessly, before opening any socket.
+        reason = "capacity" if prm.statusCode == 486 else f"pjsip_{prm.statusCode}"
+        self._owner._post(ev.CallRefused(prm.statusCode, reason, prm.remoteInfo))
 
 
 class _Call(pj.Call):  # type: ignore[misc]
@@ -138,9 +140,12 @@ class SipEndpoint:
         self._account: _Account | None = None
         self._log_writer: _LogWriter | None = None
         self._copier: Copier | None = None
+        # Every pjsua2 Call wrapper lives in exactly one of these until PJSIP reports it
+        # DISCONNECTED, and is dropped right then (see _on_call_state for why).
         self._calls: dict[str, _Call] = {}
+        self._refusing: dict[str, _Call] = {}
         self._held: list[tuple[float, _Call, int]] = []
-        self._graveyard: list[tuple[float, object]] = []
+        self._graveyard: list[tuple[float, MediaBridge]] = []
 
     # --- asyncio side -------------------------------------------------------------------------
 
@@ -259,15 +264,14 @@ class SipEndpoint:
         if ep is None:
             return
         try:
-            if self._calls:
+            if self._calls or self._refusing:
                 ep.hangupAllCalls()
                 deadline = time.monotonic() + 2.0
-                while self._calls and time.monotonic() < deadline:
+                while (self._calls or self._refusing) and time.monotonic() < deadline:
                     ep.libHandleEvents(_POLL_MS)
-            for _, call, _status in self._held:
-                self._graveyard.append((0.0, call))
             self._held.clear()
             self._calls.clear()
+            self._refusing.clear()
             self._graveyard.clear()
             if self._account is not None:
                 self._account.shutdown()
@@ -318,7 +322,8 @@ class SipEndpoint:
             if due:
                 self._held = [item for item in self._held if item[0] > now]
                 for _, call, status in due:
-                    self._refuse(call, status, retry_after=True)
+                    if call.call_id in self._refusing:
+                        self._refuse(call, status, retry_after=True)
         if self._graveyard and self._graveyard[0][0] <= now:
             self._graveyard = [item for item in self._graveyard if item[0] > now]
 
@@ -355,12 +360,12 @@ class SipEndpoint:
                     "remote": mask_uri(info.remoteUri),
                 },
             )
+            # Keep the wrapper alive until PJSIP reports the call gone.
+            self._refusing[call.call_id] = call
             if decision.not_before > now:
                 self._held.append((decision.not_before, call, decision.status))
             else:
                 self._refuse(call, decision.status, retry_after=decision.status == 503)
-            # Keep the wrapper alive until PJSIP reports the call gone.
-            self._graveyard.append((now + 60.0, call))
             return
         call.accepted = True
         self._calls[call.call_id] = call
@@ -385,6 +390,12 @@ class SipEndpoint:
             self._post(ev.CallAnswered(call.call_id))
         elif info.state == pj.PJSIP_INV_STATE_DISCONNECTED:
             self._detach_media(call)
+            # Drop the wrapper now, while PJSIP has not yet reused its call index: pjsua2's
+            # ~Call() hangs up *whatever call holds its index* and clears that call's user data,
+            # so a wrapper outliving its call would end the next caller's call.
+            self._refusing.pop(call.call_id, None)
+            if self._held:
+                self._held = [item for item in self._held if item[1] is not call]
             if call.accepted and self._calls.pop(call.call_id, None) is not None:
                 self._post(
                     ev.CallEnded(
@@ -395,8 +406,6 @@ class SipEndpoint:
                         answered=call.answered,
                     )
                 )
-            self._graveyard.append((time.monotonic() + _GRAVEYARD_S, call))
-            self._graveyard.sort(key=lambda item: item[0])
 
     def _detach_media(self, call: _Call) -> None:
         bridge, audio = call.bridge, call.audio

@@ -105,9 +105,9 @@ class Runtime:
         if orphans:
             self.metrics.orphans_finalized.inc(len(orphans))
             log.warning("calls.finalized_at_startup", extra={"count": len(orphans)})
-        # Load the prompts now so a broken prompt directory fails start-up, not a call.
+        # Load the prompts now so a broken prompt file fails start-up, not a call.
         for rate in (8000, 16000):
-            self.prompt("greeting", rate)
+            self._prompts.load_all(rate)
         loop = asyncio.get_running_loop()
         self.sip = SipEndpoint(endpoint_config(self.settings), loop, self._on_sip_event)
         await self.sip.start()

@@ -267,6 +267,12 @@ class Sipp:
         self.stderr = err.decode(errors="replace")
         return self.process.returncode
 
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+        if self.process is not None:
+            self.process.communicate()
+
     def run(self) -> int:
         return self.start().wait()
 

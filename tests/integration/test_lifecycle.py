@@ -92,7 +92,7 @@ def test_a_call_whose_process_was_killed_is_finalised_at_restart(
     assert record["stage"] == "process"
     assert server.metric("voicegate_calls_finalized_at_startup_total") == 1
     assert server.metric("voicegate_calls_total", outcome="failed") == 0  # not counted twice
-    live.process.kill() if live.process else None
+    live.kill()
 
 
 def test_bad_config_value_fails_start_with_one_line_naming_the_key(tmp_path: Path) -> None:

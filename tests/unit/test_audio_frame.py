@@ -51,7 +51,9 @@ def test_odd_byte_count_is_refused() -> None:
         ([0] * 160, 8000, 0, "numpy array, got list"),
     ],
 )
-def test_invalid_frames_are_refused(samples: object, rate: int, timestamp: int, message: str) -> None:
+def test_invalid_frames_are_refused(
+    samples: object, rate: int, timestamp: int, message: str
+) -> None:
     with pytest.raises(FrameError, match=message):
         Frame(samples, rate, timestamp)  # type: ignore[arg-type]
 
@@ -60,7 +62,9 @@ def test_frame_error_is_a_value_error() -> None:
     assert issubclass(FrameError, ValueError)
 
 
-@pytest.mark.parametrize(("rate", "expected"), [(8000, 160), (16000, 320), (32000, 640), (48000, 960)])
+@pytest.mark.parametrize(
+    ("rate", "expected"), [(8000, 160), (16000, 320), (32000, 640), (48000, 960)]
+)
 def test_standard_frames_last_20_ms(rate: int, expected: int) -> None:
     assert FRAME_MS == 20
     assert samples_per_frame(rate) == expected
