@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -177,6 +178,18 @@ def header_text() -> Rule:
 
     def check(value: str) -> str:
         if not value.strip() or not value.isprintable():
+            raise _refuse(allowed)
+        return value
+
+    return Rule(allowed, check)
+
+
+def name_token() -> Rule:
+    # It becomes part of session owner ids ("<worker>/<incarnation>"): no slash, no spaces.
+    allowed = "1 to 64 letters, digits, '.', '_' or '-'"
+
+    def check(value: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9._-]{1,64}", value):
             raise _refuse(allowed)
         return value
 

@@ -27,6 +27,7 @@ from config.rules import (
     int_range,
     ip_literal,
     key,
+    name_token,
     one_of,
     sip_users,
 )
@@ -135,6 +136,40 @@ class StorageSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class SessionSettings:
+    worker_name: str = field(
+        default="worker-0",
+        metadata=key(
+            name_token(),
+            "Name of this serving process; sessions are owned by '<worker_name>/<incarnation>', "
+            "and at start-up a worker finalises what its own dead predecessor left open",
+        ),
+    )
+    reap_after_s: float = field(
+        default=120.0,
+        metadata=key(
+            float_range(10, 86400),
+            "An open session untouched this long lost its process and is finalised as failed",
+        ),
+    )
+    heartbeat_s: float = field(
+        default=5.0,
+        metadata=key(float_range(0.5, 60), "How often a live session's owner touches it"),
+    )
+    recovery_timeout_s: float = field(
+        default=20.0,
+        metadata=key(
+            float_range(1, 600),
+            "How long a session may try to recover from an interruption before it times out",
+        ),
+    )
+    max_duration_s: float = field(
+        default=3600.0,
+        metadata=key(float_range(0, 86400), "Longest call in seconds; 0 means no limit"),
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class AgentSettings:
     # Later issues add "websocket" here.
     kind: str = field(default="demo", metadata=key(one_of("demo"), "Which agent answers calls"))
@@ -169,6 +204,7 @@ class Settings:
     media: MediaSettings = field(default_factory=MediaSettings)
     http: HttpSettings = field(default_factory=HttpSettings)
     storage: StorageSettings = field(default_factory=StorageSettings)
+    session: SessionSettings = field(default_factory=SessionSettings)
     agent: AgentSettings = field(default_factory=AgentSettings)
     log: LogSettings = field(default_factory=LogSettings)
 
@@ -221,6 +257,15 @@ def cross_check(s: Settings) -> list[CrossProblem]:
         problems.append(
             CrossProblem(
                 ("sip.port", *rtp), "the SIP port must lie outside the RTP range (both UDP)"
+            )
+        )
+    if s.session.heartbeat_s * 3 > s.session.reap_after_s:
+        # A live session must be touched several times within the reaper's threshold, or the
+        # reaper could finalise it between two heartbeats.
+        problems.append(
+            CrossProblem(
+                ("session.heartbeat_s", "session.reap_after_s"),
+                "reap_after_s must be at least 3 x heartbeat_s",
             )
         )
     return problems

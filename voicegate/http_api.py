@@ -5,6 +5,9 @@ from __future__ import annotations
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from session.durable import DurableSession
+from session.state import TERMINAL_STATES
+from session.store import SessionSummary
 from voicegate.runtime import Runtime
 
 RUNTIME = web.AppKey("runtime", Runtime)
@@ -45,14 +48,173 @@ async def get_call(request: web.Request) -> web.Response:
     runtime = request.app[RUNTIME]
     call_id = request.match_info["call_id"]
     live = runtime.calls.get(call_id)
-    record = runtime.store.get(call_id)
-    if live is None and record is None:
+    summary = runtime.store.get(call_id)
+    if live is None and summary is None:
         return _error(404, "no such call", call_id=call_id)
     return web.json_response(
         {
             "call_id": call_id,
             "live": live.snapshot() if live is not None else None,
-            "record": record.as_json() if record is not None else None,
+            "session": f"/v1/sessions/{call_id}" if summary is not None else None,
+        }
+    )
+
+
+def _summary_json(summary: SessionSummary) -> dict[str, object]:
+    return {
+        "session_id": summary.session_id,
+        "created_at": summary.created_at,
+        "updated_at": summary.updated_at,
+        "owner": summary.owner,
+        "status": summary.status,
+        "terminal_state": summary.terminal_state,
+        "events": summary.last_seq,
+        "meta": dict(summary.meta),
+    }
+
+
+_STATES = ("open", "ended")
+MAX_LIMIT = 500
+
+
+async def list_sessions(request: web.Request) -> web.Response:
+    runtime = request.app[RUNTIME]
+    query = request.query
+    unknown = sorted(set(query) - {"state", "terminal_state", "limit", "cursor"})
+    if unknown:
+        return _error(
+            400,
+            f"unknown parameter {unknown[0]!r}",
+            parameter=unknown[0],
+            allowed=["state", "terminal_state", "limit", "cursor"],
+        )
+    state = query.get("state")
+    if state is not None and state not in _STATES:
+        return _error(
+            400,
+            f"state must be one of {', '.join(_STATES)}",
+            parameter="state",
+            value=state,
+            allowed=list(_STATES),
+        )
+    terminal = query.get("terminal_state")
+    if terminal is not None and terminal not in TERMINAL_STATES:
+        return _error(
+            400,
+            f"terminal_state must be one of {', '.join(TERMINAL_STATES)}",
+            parameter="terminal_state",
+            value=terminal,
+            allowed=list(TERMINAL_STATES),
+        )
+    raw_limit = query.get("limit", "50")
+    if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= MAX_LIMIT:
+        return _error(
+            400,
+            f"limit must be an integer from 1 to {MAX_LIMIT}",
+            parameter="limit",
+            value=raw_limit,
+        )
+    if state == "ended" and terminal is None:
+        terminal_filter, open_only = None, False
+    else:
+        terminal_filter, open_only = terminal, state == "open"
+    if state == "open" and terminal is not None:
+        return _error(
+            400, "state=open sessions have no terminal_state", parameter="state", value=state
+        )
+    runtime.reap()  # seed 004: the reaper runs on read
+    try:
+        summaries, cursor = runtime.store.list(
+            terminal_state=terminal_filter,
+            open_only=open_only,
+            limit=int(raw_limit),
+            cursor=query.get("cursor"),
+        )
+    except ValueError:
+        return _error(
+            400,
+            "cursor is not one this server issued",
+            parameter="cursor",
+            value=query.get("cursor"),
+        )
+    if state == "ended":
+        summaries = [s for s in summaries if s.terminal_state is not None]
+    return web.json_response(
+        {"sessions": [_summary_json(s) for s in summaries], "next_cursor": cursor}
+    )
+
+
+async def get_session(request: web.Request) -> web.Response:
+    runtime = request.app[RUNTIME]
+    session_id = request.match_info["session_id"]
+    summary = runtime.store.get(session_id)
+    if summary is None:
+        return _error(404, "no such session", session_id=session_id)
+    if summary.terminal_state is None:
+        runtime.reap()  # seed 004: a dead process's session is finalised when it is read
+    session = DurableSession.load(runtime.store, session_id)
+    state = session.state
+    events = runtime.store.events(session_id)
+    intents = []
+    for outstanding in state.outstanding:
+        stored = runtime.store.intent(outstanding.key)
+        receipt = runtime.store.receipt(outstanding.key)
+        intents.append(
+            {
+                "key": outstanding.key,
+                "tool": outstanding.tool,
+                "kind": outstanding.kind,
+                "digest": outstanding.digest,
+                "turn_id": outstanding.turn_id,
+                "stage": outstanding.stage,
+                "created_at": stored.created_at if stored else None,
+                "receipt": receipt.outcome if receipt else None,
+            }
+        )
+    summary = runtime.store.get(session_id) or summary
+    return web.json_response(
+        {
+            **_summary_json(summary),
+            "status": state.status(),
+            "live": session_id in runtime.calls,
+            "dimensions": {
+                "signaling": state.signaling.value,
+                "media": state.media.value,
+                "agent_link": state.agent_link.value,
+                "gate": state.gate.value,
+            },
+            "gate": {"state": state.gate.value, "since": state.gate_since},
+            "playback_generation": state.playback_generation,
+            "recovery": None
+            if state.recovery is None
+            else {
+                "generation": state.recovery.generation,
+                "interruptions": list(state.recovery.interruptions),
+                "started_at": state.recovery.started_at,
+                "deadline": state.recovery.deadline,
+            },
+            "turn": None if state.turn is None else state.turn.turn_id,
+            "response": None if state.response is None else state.response.response_id,
+            "outstanding_intents": intents,
+            "acceptable_terminal_states": list(state.acceptable_terminal_states()),
+            "ended": None
+            if state.ended is None
+            else {
+                "terminal_state": state.ended.terminal_state,
+                "reason": state.ended.reason,
+                "stage": state.ended.stage,
+                "at": state.ended.at,
+            },
+            "events": [
+                {
+                    "seq": e.seq,
+                    "type": e.type,
+                    "at": e.at,
+                    "payload": dict(e.payload),
+                    "effects": [dict(x) for x in e.effects],
+                }
+                for e in events
+            ],
         }
     )
 
@@ -65,4 +227,6 @@ def make_app(runtime: Runtime) -> web.Application:
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/v1/calls", list_calls)
     app.router.add_get("/v1/calls/{call_id}", get_call)
+    app.router.add_get("/v1/sessions", list_sessions)
+    app.router.add_get("/v1/sessions/{session_id}", get_session)
     return app

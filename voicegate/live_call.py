@@ -1,8 +1,9 @@
-"""One live call: the task that owns it, and the :class:`CallControl` its agent uses.
+"""One live call: the task that owns it, its durable session, and the agent's :class:`CallControl`.
 
-Everything that happens to a call (SIP events, 20 ms ticks, the agent's requests) goes through this
-one task, in order, so the call has one owner (STYLE.md habit 5). How the call ended decides its one
-terminal state, which is recorded before anyone else is told.
+Everything that happens to a call (SIP events, 20 ms ticks, timers, the agent's requests) goes
+through this one task, in order (STYLE.md habit 5). Each becomes a session event: the session
+machine decides, the store makes the step durable, and only then does this module carry out the
+effects (clear playout, say a prompt, hang up, arm a timer).
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -20,7 +20,11 @@ from numpy.typing import NDArray
 
 from agents.base import Agent, AgentFactory, CallContext
 from audio.frame import Frame
-from session.call_records import CallRecordStore
+from session import effects as fx
+from session import events as sev
+from session.durable import DurableSession
+from session.machine import RETRY, IllegalTransition
+from session.store import SessionStore, StoreError
 from telephony import events as ev
 from telephony.media_bridge import MediaChannel
 from telephony.sip_message import mask_uri
@@ -32,6 +36,7 @@ log = logging.getLogger("voicegate.call")
 MAX_PLAYOUT_S = 120
 # How long a hang-up waits for queued audio to be heard before it goes ahead anyway.
 MAX_HANGUP_WAIT_S = 30.0
+FRAME_MS = 20
 
 
 class PlayoutFull(RuntimeError):
@@ -39,10 +44,17 @@ class PlayoutFull(RuntimeError):
 
 
 class _Tick:
-    """Sentinel event: 20 ms have passed; drain caller audio."""
+    """20 ms have passed: drain caller audio, notice drained playout."""
 
 
 TICK = _Tick()
+
+
+@dataclass(frozen=True, slots=True)
+class _TimerFired:
+    name: str
+    generation: int
+    attempt: int
 
 
 class CallPhase(enum.Enum):
@@ -53,24 +65,28 @@ class CallPhase(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
-class EndIntent:
-    """What a hang-up *we* start means, recorded when the BYE is confirmed."""
+class HangupPlan:
+    """A hang-up we start: how the session should record it, once the BYE can go."""
 
-    terminal_state: str
+    outcome: str  # completed or canceled
     reason: str
-    stage: str | None = None
 
 
 class CallServices(Protocol):
     """What a live call needs from the process around it."""
 
-    store: CallRecordStore
+    store: SessionStore
     metrics: Metrics
     answer_after_s: float
+    owner: str
 
     def submit(self, command: ev.SipCommand) -> None: ...
 
     def prompt(self, name: str, rate: int) -> NDArray[np.int16]: ...
+
+    def policy(self) -> dict[str, float]: ...
+
+    def record_effects(self, effects: list[fx.Effect]) -> None: ...
 
 
 class LiveCall:
@@ -79,25 +95,31 @@ class LiveCall:
         offer: ev.CallOffered,
         services: CallServices,
         agent_factory: AgentFactory,
-        wall_clock: Callable[[], float] = time.time,
+        wall_clock: Callable[[], float],
     ) -> None:
         self.offer = offer
         self.call_id = offer.call_id
         self._services = services
         self._agent_factory = agent_factory
         self._wall = wall_clock
-        self.events: asyncio.Queue[ev.SipEvent | _Tick] = asyncio.Queue()
+        self.events: asyncio.Queue[ev.SipEvent | _Tick | _TimerFired] = asyncio.Queue()
         self.phase = CallPhase.RINGING
         self.started_at = wall_clock()
         self.answered_at: float | None = None
         self.codec = ""
         self.channel: MediaChannel | None = None
         self.agent: Agent | None = None
+        self.session: DurableSession | None = None
+        self.done = asyncio.Event()
         self._tick_queued = False
         self._frames_in = 0
-        self._end_intent: EndIntent | None = None
-        self._hangup_pending_since: float | None = None
-        self.done = asyncio.Event()
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._turns = 0
+        self._responses = 0
+        self._response_id: str | None = None
+        self._response_tx_start = 0
+        self._hangup: HangupPlan | None = None
+        self._hangup_waiting_since: float | None = None
 
     # --- what /v1/calls shows -------------------------------------------------------------------
 
@@ -106,6 +128,7 @@ class LiveCall:
         return {
             "call_id": self.call_id,
             "state": self.phase.value,
+            "session_status": self.session.state.status() if self.session else None,
             "caller": mask_uri(self.offer.remote_uri),
             "called_user": self.offer.called_user,
             "transport": self.offer.transport,
@@ -128,6 +151,11 @@ class LiveCall:
             self._tick_queued = True
             self.events.put_nowait(TICK)
 
+    def touch(self) -> None:
+        """Heartbeat: tell the store this session's owner is alive (the reaper's signal)."""
+        if self.session is not None and not self.session.state.terminal:
+            self._services.store.touch(self.call_id, owner=self._services.owner, at=self._wall())
+
     # --- CallControl ----------------------------------------------------------------------------
 
     @property
@@ -136,14 +164,16 @@ class LiveCall:
 
     def play(self, samples: NDArray[np.int16]) -> None:
         channel = self.channel
-        if channel is None or self.phase is not CallPhase.ANSWERED:
+        if channel is None or self.phase is not CallPhase.ANSWERED or self._hangup is not None:
+            return
+        if self._response_id is None and not self._start_response():
             return
         pcm = np.ascontiguousarray(samples, dtype="<i2").tobytes()
         size = channel.frame_size
         if len(pcm) % size:
             pcm += bytes(size - len(pcm) % size)
         frames = len(pcm) // size
-        if len(channel.outbound) + frames > MAX_PLAYOUT_S * 50:
+        if len(channel.outbound) + frames > MAX_PLAYOUT_S * 1000 // FRAME_MS:
             raise PlayoutFull(f"call {self.call_id}: playout would exceed {MAX_PLAYOUT_S} s")
         channel.outbound.extend(pcm[i : i + size] for i in range(0, len(pcm), size))
 
@@ -151,77 +181,198 @@ class LiveCall:
         self.play(self._services.prompt(name, self.rate))
 
     def stop_playback(self) -> None:
-        if self.channel is not None:
+        if self._response_id is not None:
+            self._apply(sev.ResponseInterrupted(self._response_id, self._heard_ms()))
+            self._response_id = None
+        elif self.channel is not None:
             self.channel.outbound.clear()
 
     def hangup(self, reason: str, *, after_playout: bool = True) -> None:
-        self.end(EndIntent("completed", reason), after_playout=after_playout)
+        self.end(HangupPlan("completed", reason), after_playout=after_playout)
 
-    def end(self, intent: EndIntent, *, after_playout: bool, status: int = 603) -> None:
-        """Hang up, recording ``intent`` as the outcome (the first intent given wins).
+    def end(self, plan: HangupPlan, *, after_playout: bool, status: int = 603) -> None:
+        """Hang up, recording ``plan`` as the session's outcome (the first plan given wins).
 
         With ``after_playout`` the BYE waits (at most :data:`MAX_HANGUP_WAIT_S`) until the queued
         audio has been sent, so a goodbye is heard; a later call without it hangs up at once.
         """
         if self.phase in (CallPhase.ENDING, CallPhase.ENDED):
             return
-        if self._end_intent is None:
-            self._end_intent = intent
+        if self._hangup is None:
+            self._hangup = plan
         channel = self.channel
         if after_playout and self.phase is CallPhase.ANSWERED and channel and channel.outbound:
-            if self._hangup_pending_since is None:
-                self._hangup_pending_since = time.monotonic()
+            if self._hangup_waiting_since is None:
+                self._hangup_waiting_since = asyncio.get_running_loop().time()
             return
-        self.phase = CallPhase.ENDING
-        self._services.submit(ev.Hangup(self.call_id, status=status))
+        self._hang_up_now(status)
+
+    def _hang_up_now(self, status: int = 603) -> None:
+        assert self._hangup is not None
+        self._hangup_waiting_since = None
+        if self.session is not None and not self.session.state.terminal:
+            # The session records the outcome and asks for the BYE (its HangUp effect).
+            self._try(sev.ServerHangup(self._hangup.outcome, self._hangup.reason))
+        if self.phase not in (CallPhase.ENDING, CallPhase.ENDED):
+            self.phase = CallPhase.ENDING
+            self._services.submit(ev.Hangup(self.call_id, status=status))
+
+    # --- the session ----------------------------------------------------------------------------
+
+    def _apply(self, event: sev.Event) -> list[fx.Effect]:
+        """Feed the session; effects run only after the step is durable."""
+        session = self.session
+        if session is None:
+            return []
+        try:
+            effects = session.apply(event, self._wall())
+        except IllegalTransition as exc:
+            self._services.metrics.session_events_rejected.labels(event.type).inc()
+            log.warning(
+                "session.rejected",
+                extra={"call_id": self.call_id, "event_type": event.type, "why": exc.why},
+            )
+            raise
+        except StoreError:
+            log.exception("session.store_failed", extra={"call_id": self.call_id})
+            raise
+        self._execute(effects)
+        return effects
+
+    def _try(self, event: sev.Event) -> bool:
+        try:
+            self._apply(event)
+        except IllegalTransition:
+            return False
+        return True
+
+    def _execute(self, effects: list[fx.Effect]) -> None:
+        self._services.record_effects(effects)
+        said = any(isinstance(effect, fx.Say) for effect in effects)
+        for effect in effects:
+            match effect:
+                case fx.ClearPlayout() | fx.CancelResponse():
+                    if self.channel is not None:
+                        self.channel.outbound.clear()
+                    self._response_id = None
+                case fx.Say(prompt=prompt):
+                    self._say(prompt)
+                case fx.HangUp(reason=reason):
+                    if self.phase not in (CallPhase.ENDING, CallPhase.ENDED):
+                        self._hangup = self._hangup or HangupPlan("canceled", reason)
+                        if said and self.channel is not None and self.channel.outbound:
+                            # The prompt this step queued (Say) is heard before the BYE.
+                            self._hangup_waiting_since = asyncio.get_running_loop().time()
+                        else:
+                            self.phase = CallPhase.ENDING
+                            self._services.submit(ev.Hangup(self.call_id))
+                case fx.ScheduleTimer(name=name, due=due, generation=gen, attempt=attempt):
+                    self._arm(name, due, gen, attempt)
+                case fx.CancelTimer(name=name):
+                    handle = self._timers.pop(name, None)
+                    if handle is not None:
+                        handle.cancel()
+                case fx.Finished():
+                    for handle in self._timers.values():
+                        handle.cancel()
+                    self._timers.clear()
+                case _:
+                    # Reconcile, tool requests, agent notices: their owners come with the
+                    # side-effect and agent work; the effect is already in the log.
+                    pass
+
+    def _say(self, prompt: str) -> None:
+        channel = self.channel
+        if channel is None or self.phase is not CallPhase.ANSWERED:
+            return
+        pcm = self._services.prompt(prompt, channel.rate)
+        data = np.ascontiguousarray(pcm, dtype="<i2").tobytes()
+        size = channel.frame_size
+        data += bytes(-len(data) % size)
+        channel.outbound.extend(data[i : i + size] for i in range(0, len(data), size))
+
+    def _arm(self, name: str, due: float, generation: int, attempt: int) -> None:
+        previous = self._timers.pop(name, None)
+        if previous is not None:
+            previous.cancel()
+        delay = max(0.0, due - self._wall())
+        self._timers[name] = asyncio.get_running_loop().call_later(
+            delay, self.events.put_nowait, _TimerFired(name, generation, attempt)
+        )
+
+    def _start_response(self) -> bool:
+        self._responses += 1
+        response_id = f"r{self._responses}"
+        state = self.session.state if self.session else None
+        turn_id = state.turn.turn_id if state and state.turn else ""
+        if not self._try(sev.ResponseStarted(response_id, turn_id)):
+            return False
+        self._response_id = response_id
+        self._response_tx_start = self.channel.tx_audio_frames if self.channel else 0
+        return True
+
+    def _heard_ms(self) -> int:
+        if self.channel is None:
+            return 0
+        return (self.channel.tx_audio_frames - self._response_tx_start) * FRAME_MS
 
     # --- the task -------------------------------------------------------------------------------
 
     async def run(self) -> None:
         services = self._services
-        services.store.offered(
-            call_id=self.call_id,
-            sip_call_id=self.offer.sip_call_id,
-            remote=mask_uri(self.offer.remote_uri),
-            called_user=self.offer.called_user,
-            transport=self.offer.transport,
-            at=self.started_at,
+        meta = {
+            "caller": mask_uri(self.offer.remote_uri),
+            "called_user": self.offer.called_user,
+            "transport": self.offer.transport,
+            "sip_call_id": self.offer.sip_call_id,
+        }
+        offered = sev.CallOffered(
+            caller=meta["caller"], called_user=self.offer.called_user, policy=services.policy()
         )
+        self.session, effects = DurableSession.create(
+            services.store,
+            self.call_id,
+            owner=services.owner,
+            meta=meta,
+            offered=offered,
+            now=self.started_at,
+        )
+        self._execute(effects)
         services.metrics.calls_offered.inc()
         services.metrics.calls_active.inc()
-        log.info(
-            "call.offered",
-            extra={
-                "call_id": self.call_id,
-                "caller": mask_uri(self.offer.remote_uri),
-                "called_user": self.offer.called_user,
-                "transport": self.offer.transport,
-            },
-        )
-        # The record is durable before the caller hears anything from us.
+        log.info("call.offered", extra={"call_id": self.call_id, **meta})
+        # The session is durable before the caller hears anything from us.
         if services.answer_after_s > 0:
             asyncio.get_running_loop().call_later(services.answer_after_s, self._answer)
         else:
             self._answer()
         try:
             while self.phase is not CallPhase.ENDED:
-                event = await self.events.get()
-                await self._handle(event)
+                item = await self.events.get()
+                await self._handle(item)
         finally:
+            for handle in self._timers.values():
+                handle.cancel()
             if self.phase is not CallPhase.ENDED:
-                # Cancelled (shutdown past its deadline): the call's outcome is still recorded.
-                self._finish("canceled", "server stopped before the call ended", "shutdown")
+                # Cancelled (shutdown past its deadline): the outcome is still recorded.
+                self._finish_without_dialog("server stopped before the call ended")
             self.done.set()
 
     def _answer(self) -> None:
-        if self.phase is CallPhase.RINGING and self._end_intent is None:
+        if self.phase is CallPhase.RINGING and self._hangup is None:
             self._services.submit(ev.Answer(self.call_id))
 
-    async def _handle(self, event: ev.SipEvent | _Tick) -> None:
-        match event:
+    async def _handle(self, item: ev.SipEvent | _Tick | _TimerFired) -> None:
+        match item:
             case _Tick():
                 self._tick_queued = False
                 await self._on_tick()
+            case _TimerFired(name=name, generation=gen, attempt=attempt):
+                self._timers.pop(name, None)
+                if name == RETRY:
+                    self._try(sev.RecoveryRetryDue(gen, attempt))
+                else:
+                    self._try(sev.DeadlineFired(name, gen))
             case ev.MediaReady(codec=codec, channel=channel):
                 self.codec = codec
                 self.channel = channel
@@ -231,20 +382,29 @@ class LiveCall:
                 )
                 await self._maybe_start_agent()
             case ev.CallAnswered():
-                if self.phase is CallPhase.RINGING:
+                if self.phase is CallPhase.RINGING and self._try(sev.CallAnswered()):
                     self.phase = CallPhase.ANSWERED
                     self.answered_at = self._wall()
-                    self._services.store.answered(self.call_id, self.answered_at)
                     log.info("call.answered", extra={"call_id": self.call_id})
                     await self._maybe_start_agent()
             case ev.DtmfReceived(digit=digit, method=method):
                 self._services.metrics.dtmf_digits.labels(method).inc()
-                if self.agent is not None and self.phase is CallPhase.ANSWERED:
-                    await self.agent.on_dtmf(digit)
+                await self._on_dtmf(digit)
             case ev.CallEnded():
-                await self._on_ended(event)
+                await self._on_ended(item)
             case _:
-                log.debug("call.ignored_event", extra={"call_id": self.call_id, "ev": repr(event)})
+                log.debug("call.ignored_event", extra={"call_id": self.call_id, "ev": repr(item)})
+
+    async def _on_dtmf(self, digit: str) -> None:
+        if self.agent is None or self.phase is not CallPhase.ANSWERED or self._hangup is not None:
+            return
+        # A key press is a whole caller turn: started and committed at once.
+        self._turns += 1
+        turn_id = f"t{self._turns}"
+        if not self._try(sev.TurnStarted(turn_id)):
+            return
+        self._apply(sev.TurnCommitted(turn_id))
+        await self.agent.on_dtmf(digit)
 
     async def _maybe_start_agent(self) -> None:
         if self.agent is not None or self.channel is None or self.phase is not CallPhase.ANSWERED:
@@ -271,51 +431,47 @@ class LiveCall:
             self._frames_in += 1
             if self.agent is not None and self.phase is CallPhase.ANSWERED:
                 await self.agent.on_audio(frame)
-        if self._hangup_pending_since is not None and self.phase is CallPhase.ANSWERED:
-            waited = time.monotonic() - self._hangup_pending_since
+        if self._response_id is not None and not channel.outbound:
+            response_id, self._response_id = self._response_id, None
+            self._try(sev.ResponseFinished(response_id, self._heard_ms()))
+        if self._hangup_waiting_since is not None and self.phase is CallPhase.ANSWERED:
+            waited = asyncio.get_running_loop().time() - self._hangup_waiting_since
             if not channel.outbound or waited > MAX_HANGUP_WAIT_S:
-                self._hangup_pending_since = None
-                self.phase = CallPhase.ENDING
-                self._services.submit(ev.Hangup(self.call_id))
+                self._hang_up_now()
 
     async def _on_ended(self, ended: ev.CallEnded) -> None:
-        if ended.by == "server" and self._end_intent is not None:
-            intent = self._end_intent
-        elif ended.by == "server":
-            intent = EndIntent(
-                "failed", f"ended by the server: {ended.status} {ended.reason}", "signaling"
-            )
-        elif ended.status in (200, 487):
-            # 200: the caller's BYE; 487: the caller's CANCEL before we answered.
-            if ended.answered:
-                intent = EndIntent("completed", "caller hung up")
+        session = self.session
+        if session is not None and not session.state.terminal:
+            if ended.by == "caller" and ended.status in (200, 487):
+                # 200: the caller's BYE; 487: the caller's CANCEL before we answered.
+                self._try(sev.CallerHangup())
+            elif ended.by == "server" and self._hangup is not None:
+                self._try(sev.ServerHangup(self._hangup.outcome, self._hangup.reason))
             else:
-                intent = EndIntent("canceled", "caller hung up before answer")
-        else:
-            # PJSIP ended the dialog itself (no ACK, transport error, ...).
-            intent = EndIntent(
-                "failed", f"dialog failed: {ended.status} {ended.reason}", "signaling"
-            )
-        self._finish(intent.terminal_state, intent.reason, intent.stage)
+                self._try(sev.DialogFailed(ended.status, ended.reason))
+        self._finish()
         if self.agent is not None:
             try:
-                await self.agent.on_end(intent.reason)
+                await self.agent.on_end(self._ending_reason())
             except Exception:
                 log.exception("agent.on_end failed", extra={"call_id": self.call_id})
 
-    def _finish(self, terminal_state: str, reason: str, stage: str | None) -> None:
+    def _ending_reason(self) -> str:
+        ended = self.session.state.ended if self.session else None
+        return ended.reason if ended else "call ended"
+
+    def _finish_without_dialog(self, reason: str) -> None:
+        if self.session is not None and not self.session.state.terminal:
+            self._try(sev.ServerHangup("canceled", reason))
+        self._finish()
+
+    def _finish(self) -> None:
         services = self._services
         self.phase = CallPhase.ENDED
-        recorded = services.store.ended(
-            self.call_id,
-            at=self._wall(),
-            terminal_state=terminal_state,
-            reason=reason,
-            stage=stage,
-        )
         services.metrics.calls_active.dec()
-        if recorded:
-            services.metrics.calls.labels(terminal_state).inc()
+        ended = self.session.state.ended if self.session else None
+        if ended is not None:
+            services.metrics.calls.labels(ended.terminal_state).inc()
         if self.channel is not None:
             services.metrics.media_frames.labels("in").inc(self.channel.rx_frames)
             services.metrics.media_frames.labels("out").inc(self.channel.tx_audio_frames)
@@ -325,8 +481,8 @@ class LiveCall:
             "call.ended",
             extra={
                 "call_id": self.call_id,
-                "terminal_state": terminal_state,
-                "reason": reason,
-                "stage": stage,
+                "terminal_state": ended.terminal_state if ended else None,
+                "reason": ended.reason if ended else None,
+                "stage": ended.stage if ended else None,
             },
         )

@@ -7,6 +7,7 @@ from prometheus_client import (
     Counter,
     Gauge,
     GCCollector,
+    Histogram,
     PlatformCollector,
     ProcessCollector,
 )
@@ -59,10 +60,50 @@ class Metrics:
             "1 if the verified pointer copy is used for frames, 0 for the slow SWIG copy",
             registry=r,
         )
-        self.orphans_finalized = Counter(
-            "voicegate_calls_finalized_at_startup_total",
-            "Calls a previous process left open, ended as failed at start-up",
+        self.sessions_ended = Counter(
+            "voicegate_sessions_ended_total",
+            "Sessions that reached their terminal state, including reaped ones",
+            ["terminal_state"],
+            registry=r,
+        )
+        self.sessions_reaped = Counter(
+            "voicegate_sessions_reaped_total",
+            "Sessions finalised because their process died: stale (age) or predecessor (start-up)",
+            ["why"],
+            registry=r,
+        )
+        self.gate_frozen_seconds = Counter(
+            "voicegate_gate_frozen_seconds_total",
+            "Seconds side-effect gates spent frozen or reconciling before reopening or closing",
+            registry=r,
+        )
+        self.recoveries = Counter(
+            "voicegate_recoveries_total",
+            "Recoveries by interruption kind and outcome (recovered, timed_out, canceled, failed)",
+            ["kind", "outcome"],
+            registry=r,
+        )
+        self.recovery_duration = Histogram(
+            "voicegate_recovery_duration_seconds",
+            "How long recoveries took, by interruption kind",
+            ["kind"],
+            buckets=(0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120),
+            registry=r,
+        )
+        self.stale_events = Counter(
+            "voicegate_stale_events_ignored_total",
+            "Late events of an older generation or finished response, dropped",
+            ["event"],
+            registry=r,
+        )
+        self.session_events_rejected = Counter(
+            "voicegate_session_events_rejected_total",
+            "Events refused as illegal in their session's state (nothing changed)",
+            ["event"],
             registry=r,
         )
         for outcome in ("completed", "canceled", "timed_out", "failed", "needs_human"):
             self.calls.labels(outcome)
+            self.sessions_ended.labels(outcome)
+        for why in ("stale", "predecessor"):
+            self.sessions_reaped.labels(why)

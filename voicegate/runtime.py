@@ -8,8 +8,11 @@ The runtime routes what the SIP thread reports to the call it concerns, ticks ev
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import logging
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,11 +23,15 @@ from agents.base import AgentFactory
 from agents.demo import DemoAgent
 from audio.prompts import PromptLibrary, default_prompts_dir
 from config import Settings
-from session.call_records import CallRecordStore
+from session import effects as fx
+from session.reaper import reap_predecessors, reap_stale
+from session.state import Policy
+from session.store import SessionStore
+from session.store_sqlite import SqliteSessionStore
 from telephony import events as ev
 from telephony.endpoint import EndpointConfig, SipEndpoint
 from telephony.sip_message import mask_uri
-from voicegate.live_call import CallPhase, EndIntent, LiveCall
+from voicegate.live_call import CallPhase, HangupPlan, LiveCall
 from voicegate.metrics import Metrics
 
 log = logging.getLogger("voicegate.runtime")
@@ -73,7 +80,10 @@ class Runtime:
         self.metrics = metrics or Metrics()
         self._wall = wall_clock
         data_dir = Path(settings.storage.data_dir)
-        self.store = CallRecordStore(data_dir / STORE_FILE)
+        data_dir.mkdir(parents=True, exist_ok=True)
+        self.store: SessionStore = SqliteSessionStore(data_dir / STORE_FILE)
+        # "<worker>/<incarnation>": a restarted worker knows its predecessor's sessions are dead.
+        self.owner = f"{settings.session.worker_name}/{uuid.uuid4().hex[:12]}"
         prompts_dir = settings.agent.prompts_dir or default_prompts_dir()
         self._prompts = PromptLibrary(Path(prompts_dir))
         self._agent_factory = agent_factory(settings)
@@ -84,6 +94,7 @@ class Runtime:
         self.sip_ready = False
         self.draining = False
         self._ticker: asyncio.TimerHandle | None = None
+        self._housekeeping: asyncio.Task[None] | None = None
         self._next_tick = 0.0
 
     # --- CallServices ---------------------------------------------------------------------------
@@ -95,16 +106,52 @@ class Runtime:
     def prompt(self, name: str, rate: int) -> NDArray[np.int16]:
         return self._prompts.get(name, rate)
 
+    def policy(self) -> dict[str, float]:
+        s = self.settings.session
+        policy = Policy(recovery_timeout_s=s.recovery_timeout_s, max_duration_s=s.max_duration_s)
+        return dataclasses.asdict(policy)
+
+    def record_effects(self, effects: list[fx.Effect]) -> None:
+        """Metrics that follow from what sessions did (the log already holds the effects)."""
+        m = self.metrics
+        for effect in effects:
+            match effect:
+                case fx.Finished(terminal_state=terminal):
+                    m.sessions_ended.labels(terminal).inc()
+                case fx.GateChanged(frozen_s=frozen_s) if frozen_s > 0:
+                    m.gate_frozen_seconds.inc(frozen_s)
+                case fx.RecoveryFinished(interruptions=kinds, outcome=outcome, duration_s=d):
+                    kind = "+".join(kinds)
+                    m.recoveries.labels(kind, outcome).inc()
+                    m.recovery_duration.labels(kind).observe(d)
+                case fx.StaleEventIgnored(event_type=event_type):
+                    m.stale_events.labels(event_type).inc()
+                case _:
+                    pass
+
+    def reap(self, *, now: float | None = None) -> list[str]:
+        """Finalise sessions whose process stopped (seed 004's reaper); safe to call any time."""
+        reaped = reap_stale(
+            self.store, now=now or self._wall(), stale_after_s=self.settings.session.reap_after_s
+        )
+        if reaped:
+            self.metrics.sessions_reaped.labels("stale").inc(len(reaped))
+            self.metrics.sessions_ended.labels("failed").inc(len(reaped))
+        return reaped
+
     # --- lifecycle ------------------------------------------------------------------------------
 
     async def start(self) -> None:
         """Finalise what a dead predecessor left open, then start taking calls."""
-        orphans = self.store.finalize_orphans(
-            at=self._wall(), reason="the process serving the call exited before the call ended"
+        predecessors = reap_predecessors(
+            self.store, worker=self.settings.session.worker_name, me=self.owner, now=self._wall()
         )
-        if orphans:
-            self.metrics.orphans_finalized.inc(len(orphans))
-            log.warning("calls.finalized_at_startup", extra={"count": len(orphans)})
+        if predecessors:
+            self.metrics.sessions_reaped.labels("predecessor").inc(len(predecessors))
+            # The reaper ends every session it finalises as failed (stage "process").
+            self.metrics.sessions_ended.labels("failed").inc(len(predecessors))
+            log.warning("sessions.reaped_at_startup", extra={"count": len(predecessors)})
+        self.reap()
         # Load the prompts now so a broken prompt file fails start-up, not a call.
         for rate in (8000, 16000):
             self._prompts.load_all(rate)
@@ -113,6 +160,20 @@ class Runtime:
         await self.sip.start()
         self._next_tick = loop.time() + TICK_S
         self._ticker = loop.call_at(self._next_tick, self._tick)
+        self._housekeeping = asyncio.create_task(self._keep_house(), name="housekeeping")
+
+    async def _keep_house(self) -> None:
+        """Heartbeat the live sessions; now and then, reap sessions whose process is gone."""
+        session = self.settings.session
+        sweep_every = max(1, int(session.reap_after_s / 4 / session.heartbeat_s))
+        beats = 0
+        while True:
+            await asyncio.sleep(session.heartbeat_s)
+            for call in list(self.calls.values()):
+                call.touch()
+            beats += 1
+            if beats % sweep_every == 0:
+                self.reap()
 
     def _tick(self) -> None:
         loop = asyncio.get_running_loop()
@@ -158,9 +219,7 @@ class Runtime:
         task.add_done_callback(self._tasks.discard)
         if self.draining:
             call.end(
-                EndIntent("canceled", "server shutting down", "shutdown"),
-                after_playout=False,
-                status=503,
+                HangupPlan("canceled", "server shutting down"), after_playout=False, status=503
             )
 
     async def _run_call(self, call: LiveCall) -> None:
@@ -168,7 +227,7 @@ class Runtime:
             await call.run()
         except Exception:
             log.exception("call.crashed", extra={"call_id": call.call_id})
-            call.end(EndIntent("failed", "internal error", "runtime"), after_playout=False)
+            call.end(HangupPlan("canceled", "internal error"), after_playout=False)
         finally:
             self.calls.pop(call.call_id, None)
 
@@ -186,7 +245,7 @@ class Runtime:
         self.draining = True
         self.submit(ev.Drain())
         log.info("shutdown.begin", extra={"live_calls": len(self.calls)})
-        intent = EndIntent("canceled", "server shutting down", "shutdown")
+        intent = HangupPlan("canceled", "server shutting down")
         for call in list(self.calls.values()):
             if call.phase is CallPhase.ANSWERED:
                 call.stop_playback()
@@ -203,6 +262,10 @@ class Runtime:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._ticker is not None:
             self._ticker.cancel()
+        if self._housekeeping is not None:
+            self._housekeeping.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._housekeeping
         if self.sip is not None:
             await self.sip.stop()
         self.store.close()

@@ -10,7 +10,6 @@ import json
 import os
 import signal
 import socket
-import sqlite3
 import subprocess
 import sys
 import time
@@ -171,13 +170,35 @@ class Server:
     def metric(self, name: str, **labels: str) -> float:
         return self.metrics().get((name, tuple(sorted(labels.items()))), 0.0)
 
-    def records(self) -> list[dict[str, Any]]:
-        db = sqlite3.connect(self.data_dir / "voicegate.sqlite3")
-        db.row_factory = sqlite3.Row
+    def sessions(self) -> list[dict[str, Any]]:
+        """Every session in full (``GET /v1/sessions/{id}``), oldest first."""
+        status, body = self.http("/v1/sessions?limit=500")
+        assert status == 200, body
+        ids = [s["session_id"] for s in body["sessions"]]
+        details = []
+        for session_id in reversed(ids):
+            status, detail = self.http(f"/v1/sessions/{session_id}")
+            assert status == 200, detail
+            details.append(detail)
+        return details
+
+    def ended(self) -> list[dict[str, Any]]:
+        """The ``ended`` part of every session (None while open), oldest first."""
+        return [s["ended"] for s in self.sessions()]
+
+    def stored_sessions(self) -> list[dict[str, Any]]:
+        """Read the store file directly (the server may be down): session summaries."""
+        from session.store_sqlite import SqliteSessionStore
+
+        store = SqliteSessionStore(self.data_dir / "voicegate.sqlite3")
         try:
-            return [dict(row) for row in db.execute("SELECT * FROM calls ORDER BY started_at")]
+            summaries, _ = store.list(limit=500)
+            return [
+                {"session_id": s.session_id, "terminal_state": s.terminal_state, "status": s.status}
+                for s in summaries
+            ]
         finally:
-            db.close()
+            store.close()
 
     def signal(self, signum: int) -> None:
         assert self.process is not None

@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.integration.harness import Server, Sipp, wait_for
 
 
-def _one_record(server: Server) -> dict[str, object]:
-    records = server.records()
-    assert len(records) == 1, records
-    return records[0]
+def _one_session(server: Server) -> dict[str, Any]:
+    sessions = wait_for(
+        lambda: [s for s in server.sessions() if s["ended"]], 5, "the session to end"
+    )
+    assert len(server.sessions()) == 1, sessions
+    return sessions[0]
+
+
+def _types(session: dict[str, Any]) -> list[str]:
+    return [e["type"] for e in session["events"]]
 
 
 @pytest.mark.parametrize("transport", ["u1", "t1"])
@@ -29,16 +36,23 @@ def test_speech_and_dtmf_call_is_answered_listed_and_recorded(
     assert live[0]["transport"] == ("udp" if transport == "u1" else "tcp")
     # The caller's number is masked in the API (STYLE.md habit 10), the called user is not.
     assert live[0]["called_user"] == "service"
+    assert "gate open" in live[0]["session_status"]
 
     assert sipp.wait() == 0, sipp.errors()
     wait_for(lambda: not server.live_calls(), 5, "the call to leave /v1/calls")
 
-    record = _one_record(server)
-    assert record["terminal_state"] == "completed"
-    assert record["reason"] == "caller hung up"
-    assert record["answered_at"] is not None
-    assert record["ended_at"] >= record["answered_at"]
+    session = _one_session(server)
+    assert session["ended"]["terminal_state"] == "completed"
+    assert session["ended"]["reason"] == "caller hung up"
+    types = _types(session)
+    assert types[:2] == ["call_offered", "call_answered"]
+    assert types[-1] == "caller_hangup"
+    # Four key presses, each a committed caller turn; the greeting and read-backs are responses.
+    assert types.count("turn_committed") == 4
+    assert "response_started" in types
+    assert [e["seq"] for e in session["events"]] == list(range(1, len(types) + 1))
     assert server.metric("voicegate_calls_total", outcome="completed") == 1
+    assert server.metric("voicegate_sessions_ended_total", terminal_state="completed") == 1
     assert server.metric("voicegate_calls_active") == 0
     assert server.metric("voicegate_dtmf_digits_total", method="rfc2833") == 4
     # 7 s of caller speech reached the media bridge, and the greeting/read-back went out.
@@ -54,21 +68,20 @@ def test_caller_cancel_before_answer_is_recorded_canceled(server_factory, tmp_pa
     server = server_factory(VOICEGATE_SIP_ANSWER_AFTER_S="3")
     sipp = Sipp("uac-cancel-before-answer.xml", server.sip_target, tmp_path)
     assert sipp.run() == 0, sipp.errors()
-    wait_for(lambda: server.records() and server.records()[0]["terminal_state"], 5, "the record")
-    record = _one_record(server)
-    assert record["terminal_state"] == "canceled"
-    assert record["reason"] == "caller hung up before answer"
-    assert record["answered_at"] is None
+    session = _one_session(server)
+    assert session["ended"]["terminal_state"] == "canceled"
+    assert session["ended"]["reason"] == "caller hung up before answer"
+    assert "call_answered" not in _types(session)
     assert server.metric("voicegate_calls_total", outcome="canceled") == 1
 
 
 def test_server_ends_the_call_when_the_caller_chooses_to(server: Server, tmp_path: Path) -> None:
     sipp = Sipp("uac-server-hangup.xml", server.sip_target, tmp_path)
     assert sipp.run() == 0, sipp.errors()
-    wait_for(lambda: server.records()[0]["terminal_state"], 5, "the record")
-    record = _one_record(server)
-    assert record["terminal_state"] == "completed"
-    assert record["reason"] == "caller chose to end the call"
+    session = _one_session(server)
+    assert session["ended"]["terminal_state"] == "completed"
+    assert session["ended"]["reason"] == "caller chose to end the call"
+    assert _types(session)[-1] == "server_hangup"
 
 
 def test_g722_call_runs_at_16_khz(server: Server, tmp_path: Path) -> None:
@@ -79,27 +92,49 @@ def test_g722_call_runs_at_16_khz(server: Server, tmp_path: Path) -> None:
     assert live[0]["codec"] == "G722"
     assert live[0]["rate"] == 16000
     assert sipp.wait() == 0, sipp.errors()
-    wait_for(lambda: server.records()[0]["terminal_state"] == "completed", 5, "the record")
+    assert _one_session(server)["ended"]["terminal_state"] == "completed"
 
 
-def test_record_survives_a_restart(server_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_session_survives_a_restart(server_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     server = server_factory()
     assert Sipp("uac-server-hangup.xml", server.sip_target, tmp_path).run() == 0
-    wait_for(lambda: server.records()[0]["terminal_state"], 5, "the record")
-    before = server.records()
+    before = _one_session(server)
     assert server.stop() == 0
     server.start()
-    status, body = server.http(f"/v1/calls/{before[0]['call_id']}")
+    status, body = server.http(f"/v1/calls/{before['session_id']}")
     assert status == 200
-    assert body["record"]["terminal_state"] == "completed"
     assert body["live"] is None
-    assert server.records() == before
+    assert body["session"] == f"/v1/sessions/{before['session_id']}"
+    after = server.sessions()
+    assert [s["events"] for s in after] == [before["events"]]
+    assert after[0]["ended"] == before["ended"]
 
 
-def test_unknown_call_id_is_a_json_404(server: Server) -> None:
-    status, body = server.http("/v1/calls/nope")
-    assert status == 404
-    assert body == {"error": "no such call", "call_id": "nope"}
+def test_unknown_ids_are_json_404s(server: Server) -> None:
+    assert server.http("/v1/calls/nope") == (404, {"error": "no such call", "call_id": "nope"})
+    assert server.http("/v1/sessions/nope") == (
+        404,
+        {"error": "no such session", "session_id": "nope"},
+    )
+
+
+@pytest.mark.parametrize(
+    ("query", "parameter"),
+    [
+        ("terminal_state=connected", "terminal_state"),
+        ("state=zombie", "state"),
+        ("limit=0", "limit"),
+        ("limit=abc", "limit"),
+        ("cursor=%%%", "cursor"),
+        ("colour=blue", "colour"),
+    ],
+)
+def test_bad_session_filters_are_400_naming_the_parameter(
+    server: Server, query: str, parameter: str
+) -> None:
+    status, body = server.http(f"/v1/sessions?{query}")
+    assert status == 400
+    assert body["parameter"] == parameter
 
 
 def test_health_and_readiness(server: Server) -> None:

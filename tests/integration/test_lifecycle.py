@@ -67,9 +67,9 @@ def test_sigterm_refuses_new_calls_ends_live_ones_and_exits_0(
     # The live caller gets a BYE (SIPp's scenario fails without one) and the process exits 0.
     assert live.wait() == 0, live.errors()
     assert server.wait_exit(30) == 0
-    (record,) = server.records()
-    assert record["terminal_state"] == "canceled"
-    assert record["reason"] == "server shutting down"
+    (stored,) = server.stored_sessions()
+    assert stored["terminal_state"] == "canceled"
+    assert stored["status"] == "canceled: server shutting down"
 
 
 def test_sigint_with_no_calls_exits_0(server: Server) -> None:
@@ -84,14 +84,23 @@ def test_a_call_whose_process_was_killed_is_finalised_at_restart(
     wait_for(lambda: [c for c in server.live_calls() if c["state"] == "answered"], 10, "a call")
     server.signal(signal.SIGKILL)
     assert server.wait_exit(10) == -signal.SIGKILL
-    (record,) = server.records()
-    assert record["terminal_state"] is None
+    (stored,) = server.stored_sessions()
+    assert stored["terminal_state"] is None
     server.start()
-    (record,) = server.records()
-    assert record["terminal_state"] == "failed"
-    assert record["stage"] == "process"
-    assert server.metric("voicegate_calls_finalized_at_startup_total") == 1
-    assert server.metric("voicegate_calls_total", outcome="failed") == 0  # not counted twice
+    (session,) = server.sessions()
+    ended = session["ended"]
+    assert (ended["terminal_state"], ended["stage"]) == ("failed", "process")
+    # It says what was known when the process died.
+    assert "exited before the session ended" in ended["reason"]
+    assert "last known: signaling up, media flowing" in ended["reason"]
+    assert [e["type"] for e in session["events"]][-1] == "session_reaped"
+    assert server.metric("voicegate_sessions_reaped_total", why="predecessor") == 1
+    assert server.metric("voicegate_sessions_ended_total", terminal_state="failed") == 1
+    # Reaping is idempotent: a second restart finds nothing left to finalise.
+    assert server.stop() == 0
+    server.start()
+    assert server.sessions()[0]["events"] == session["events"]
+    assert server.metric("voicegate_sessions_reaped_total", why="predecessor") == 0
     live.kill()
 
 

@@ -23,6 +23,7 @@ from config import (
     HttpSettings,
     LogSettings,
     MediaSettings,
+    SessionSettings,
     Settings,
     SipSettings,
     StorageSettings,
@@ -63,6 +64,13 @@ def defaults_in(cwd: Path) -> Settings:
         ),
         http=HttpSettings(address="127.0.0.1", port=8080),
         storage=StorageSettings(data_dir=(cwd / "voicegate-data").resolve()),
+        session=SessionSettings(
+            worker_name="worker-0",
+            reap_after_s=120.0,
+            heartbeat_s=5.0,
+            recovery_timeout_s=20.0,
+            max_duration_s=3600.0,
+        ),
         agent=AgentSettings(kind="demo", prompts_dir=None),
         log=LogSettings(level="info", format="json", pjsip_level=1),
     )

@@ -1,0 +1,172 @@
+"""What the state machine asks the runtime to do. The runtime executes each, in order, after the
+event that produced them is durable, and the store keeps them beside the event.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+
+@dataclass(frozen=True, slots=True)
+class Effect:
+    kind: ClassVar[str] = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, **dataclasses.asdict(self)}
+
+
+@dataclass(frozen=True, slots=True)
+class ClearPlayout(Effect):
+    """Drop all queued audio; only chunks of ``generation`` may play from now on."""
+
+    kind: ClassVar[str] = "clear_playout"
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class CancelResponse(Effect):
+    kind: ClassVar[str] = "cancel_response"
+    response_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class BindResponse(Effect):
+    """The response's chunks belong to playback ``generation``."""
+
+    kind: ClassVar[str] = "bind_response"
+    response_id: str
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class StopGeneration(Effect):
+    """Tell the agent to stop producing output (a response, a turn in progress)."""
+
+    kind: ClassVar[str] = "stop_generation"
+
+
+@dataclass(frozen=True, slots=True)
+class GateChanged(Effect):
+    kind: ClassVar[str] = "gate_changed"
+    old: str
+    new: str
+    frozen_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class StartRecovery(Effect):
+    kind: ClassVar[str] = "start_recovery"
+    generation: int
+    interruption: str
+    deadline: float
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptRecovery(Effect):
+    kind: ClassVar[str] = "attempt_recovery"
+    generation: int
+    attempt: int
+    interruptions: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryFinished(Effect):
+    """``outcome``: recovered, timed_out, canceled (the caller left) or failed."""
+
+    kind: ClassVar[str] = "recovery_finished"
+    generation: int
+    interruptions: tuple[str, ...]
+    outcome: str
+    duration_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleTimer(Effect):
+    """Feed ``DeadlineFired(name, generation)`` (or a retry) at ``due``; replaces its namesake."""
+
+    kind: ClassVar[str] = "schedule_timer"
+    name: str
+    due: float
+    generation: int
+    attempt: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class CancelTimer(Effect):
+    kind: ClassVar[str] = "cancel_timer"
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class Reconcile(Effect):
+    """Ask each tool provider's status endpoint about these idempotency keys."""
+
+    kind: ClassVar[str] = "reconcile"
+    keys: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SendToolRequest(Effect):
+    kind: ClassVar[str] = "send_tool_request"
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class CancelToolCalls(Effect):
+    """Abandon in-flight tool requests; their intents stay outstanding for reconciliation."""
+
+    kind: ClassVar[str] = "cancel_tool_calls"
+    keys: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PersistOutstanding(Effect):
+    """Make sure these intents are durable and listed for reconciliation (never assumed)."""
+
+    kind: ClassVar[str] = "persist_outstanding"
+    keys: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Say(Effect):
+    """Play a short prompt that tells the caller what is known (and what is not)."""
+
+    kind: ClassVar[str] = "say"
+    prompt: str
+
+
+@dataclass(frozen=True, slots=True)
+class NotifyAgent(Effect):
+    kind: ClassVar[str] = "notify_agent"
+    what: str
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseMedia(Effect):
+    kind: ClassVar[str] = "release_media"
+
+
+@dataclass(frozen=True, slots=True)
+class HangUp(Effect):
+    kind: ClassVar[str] = "hang_up"
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Finished(Effect):
+    kind: ClassVar[str] = "finished"
+    terminal_state: str
+    reason: str
+    stage: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class StaleEventIgnored(Effect):
+    """A late event of an older generation, or for a finished response: dropped and counted."""
+
+    kind: ClassVar[str] = "stale_event_ignored"
+    event_type: str
+    why: str

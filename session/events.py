@@ -1,0 +1,285 @@
+"""Everything that can happen to a session, as plain immutable values.
+
+Events are what the runtime feeds the state machine (``session.machine``) and what the store keeps
+in a session's log; :func:`event_from_dict` reads them back for replay. An event's ``type`` is its
+stable name in the log: renaming one breaks old logs, so add new names instead.
+
+Events that end a recovery, or fire a timer, carry the ``generation`` they belong to: only the
+current generation may move the session (seed 001, "Retry within a deadline and an ownership
+boundary"); the machine ignores and counts the rest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    type: ClassVar[str] = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# --- signaling ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CallOffered(Event):
+    """The first event of every session. ``policy`` fixes its deadlines for good (replays too)."""
+
+    type: ClassVar[str] = "call_offered"
+    caller: str = ""
+    called_user: str = ""
+    policy: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class CallAnswered(Event):
+    type: ClassVar[str] = "call_answered"
+
+
+@dataclass(frozen=True, slots=True)
+class ReinviteStarted(Event):
+    type: ClassVar[str] = "reinvite_started"
+
+
+@dataclass(frozen=True, slots=True)
+class ReinviteFinished(Event):
+    type: ClassVar[str] = "reinvite_finished"
+    generation: int = 0
+    ok: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class TransferStarted(Event):
+    type: ClassVar[str] = "transfer_started"
+    target: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class TransferProgress(Event):
+    type: ClassVar[str] = "transfer_progress"
+    status: int = 100
+
+
+@dataclass(frozen=True, slots=True)
+class TransferFinished(Event):
+    """``ok``: the caller now talks to the target, and this session's part is done."""
+
+    type: ClassVar[str] = "transfer_finished"
+    generation: int = 0
+    ok: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class CallerHangup(Event):
+    type: ClassVar[str] = "caller_hangup"
+
+
+@dataclass(frozen=True, slots=True)
+class DialogFailed(Event):
+    """PJSIP ended the dialog itself (no ACK, transport error, ...): neither side hung up."""
+
+    type: ClassVar[str] = "dialog_failed"
+    status: int = 0
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ServerHangup(Event):
+    """Voicegate ended the call: ``outcome`` ``completed`` (the agent finished) or ``canceled``."""
+
+    type: ClassVar[str] = "server_hangup"
+    outcome: str = "completed"
+    reason: str = ""
+
+
+# --- media and agent link -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class MediaLost(Event):
+    type: ClassVar[str] = "media_lost"
+
+
+@dataclass(frozen=True, slots=True)
+class MediaRestored(Event):
+    type: ClassVar[str] = "media_restored"
+    generation: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class AgentLinkLost(Event):
+    type: ClassVar[str] = "agent_link_lost"
+
+
+@dataclass(frozen=True, slots=True)
+class AgentLinkRestored(Event):
+    type: ClassVar[str] = "agent_link_restored"
+    generation: int = 0
+
+
+# --- conversation -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TurnStarted(Event):
+    type: ClassVar[str] = "turn_started"
+    turn_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class TurnCommitted(Event):
+    type: ClassVar[str] = "turn_committed"
+    turn_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseStarted(Event):
+    type: ClassVar[str] = "response_started"
+    response_id: str = ""
+    turn_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseChunk(Event):
+    """A chunk of response audio asks to be played; never changes state, may be stale."""
+
+    type: ClassVar[str] = "response_chunk"
+    response_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseInterrupted(Event):
+    type: ClassVar[str] = "response_interrupted"
+    response_id: str = ""
+    heard_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseFinished(Event):
+    type: ClassVar[str] = "response_finished"
+    response_id: str = ""
+    heard_ms: int = 0
+
+
+# --- side effects -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ToolIntent(Event):
+    type: ClassVar[str] = "tool_intent"
+    key: str = ""
+    tool: str = ""
+    kind: str = "write"
+    digest: str = ""
+    turn_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolRequestSent(Event):
+    type: ClassVar[str] = "tool_request_sent"
+    key: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolReceipt(Event):
+    """``outcome``: committed, failed, not_started or unknown."""
+
+    type: ClassVar[str] = "tool_receipt"
+    key: str = ""
+    outcome: str = "committed"
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalGiven(Event):
+    type: ClassVar[str] = "approval_given"
+    approval_id: str = ""
+
+
+# --- time and people ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DeadlineFired(Event):
+    type: ClassVar[str] = "deadline_fired"
+    name: str = ""
+    generation: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryRetryDue(Event):
+    type: ClassVar[str] = "recovery_retry_due"
+    generation: int = 0
+    attempt: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorResolution(Event):
+    type: ClassVar[str] = "operator_resolution"
+    terminal_state: str = "canceled"
+    note: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class SessionReaped(Event):
+    """Synthesized by the reaper for a session whose process died (seed 004)."""
+
+    type: ClassVar[str] = "session_reaped"
+    reason: str = ""
+
+
+EVENT_TYPES: dict[str, type[Event]] = {
+    cls.type: cls
+    for cls in (
+        CallOffered,
+        CallAnswered,
+        ReinviteStarted,
+        ReinviteFinished,
+        TransferStarted,
+        TransferProgress,
+        TransferFinished,
+        CallerHangup,
+        DialogFailed,
+        ServerHangup,
+        MediaLost,
+        MediaRestored,
+        AgentLinkLost,
+        AgentLinkRestored,
+        TurnStarted,
+        TurnCommitted,
+        ResponseStarted,
+        ResponseChunk,
+        ResponseInterrupted,
+        ResponseFinished,
+        ToolIntent,
+        ToolRequestSent,
+        ToolReceipt,
+        ApprovalGiven,
+        DeadlineFired,
+        RecoveryRetryDue,
+        OperatorResolution,
+        SessionReaped,
+    )
+}
+
+
+class UnknownEvent(ValueError):
+    pass
+
+
+def event_from_dict(event_type: str, payload: Mapping[str, Any]) -> Event:
+    """Rebuild an event from its log entry; unknown types and fields raise :class:`UnknownEvent`."""
+    cls = EVENT_TYPES.get(event_type)
+    if cls is None:
+        raise UnknownEvent(f"unknown event type {event_type!r}")
+    try:
+        return cls(**payload)
+    except TypeError as exc:
+        raise UnknownEvent(f"bad payload for {event_type}: {exc}") from None

@@ -1,0 +1,227 @@
+"""A session's state: its separate dimensions (seed 001), and a one-line status derived from them.
+
+There is deliberately no single ``connected`` flag: signaling, media, the agent link and the
+side-effect gate fail and recover independently, and the status line is computed from all of them.
+The state is a frozen value; the machine returns a new one for every event that changes anything.
+``to_dict``/``from_dict`` give the checkpoint form (seed 000: version, last event, active
+turn/response, playback generation, outstanding intents with digests, approvals, deadlines and the
+acceptable terminal states).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Signaling(enum.StrEnum):
+    NONE = "none"
+    OFFERED = "offered"
+    UP = "up"
+    REINVITE_PENDING = "reinvite_pending"
+    TRANSFERRING = "transferring"
+    GONE = "gone"
+
+
+class Media(enum.StrEnum):
+    NONE = "none"
+    FLOWING = "flowing"
+    INTERRUPTED = "interrupted"
+    RELEASED = "released"
+
+
+class AgentLink(enum.StrEnum):
+    CONNECTED = "connected"
+    LOST = "lost"
+    CLOSED = "closed"
+
+
+class Gate(enum.StrEnum):
+    OPEN = "open"
+    FROZEN = "frozen"
+    RECONCILING = "reconciling"
+    CLOSED = "closed"
+
+
+class Terminal(enum.StrEnum):
+    COMPLETED = "completed"
+    CANCELED = "canceled"
+    TIMED_OUT = "timed_out"
+    FAILED = "failed"
+    NEEDS_HUMAN = "needs_human"
+
+
+TERMINAL_STATES = tuple(t.value for t in Terminal)
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """The deadlines and retry budget of one session, fixed when it is offered."""
+
+    recovery_timeout_s: float = 20.0
+    honesty_after_s: float = 2.0
+    max_duration_s: float = 3600.0
+    retry_base_s: float = 0.25
+    retry_cap_s: float = 4.0
+    retry_max_attempts: int = 8
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Policy:
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+@dataclass(frozen=True, slots=True)
+class Outstanding:
+    """A tool intent without a final receipt. ``stage``: intended, sent or unknown."""
+
+    key: str
+    tool: str
+    kind: str
+    digest: str
+    turn_id: str
+    stage: str = "intended"
+
+
+@dataclass(frozen=True, slots=True)
+class Deadline:
+    due: float
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class Recovery:
+    """The one recovery attempt that currently owns the session (seed 001)."""
+
+    generation: int
+    interruptions: tuple[str, ...]
+    started_at: float
+    deadline: float
+    attempt: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    turn_id: str
+    committed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    response_id: str
+    turn_id: str
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class Ending:
+    terminal_state: str
+    reason: str
+    stage: str | None
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class SessionState:
+    session_id: str
+    version: int = 0  # seq of the last event folded in
+    policy: Policy = field(default_factory=Policy)
+    signaling: Signaling = Signaling.NONE
+    media: Media = Media.NONE
+    media_since: float | None = None
+    agent_link: AgentLink = AgentLink.CONNECTED
+    gate: Gate = Gate.OPEN
+    gate_since: float | None = None
+    turn: Turn | None = None
+    response: Response | None = None
+    playback_generation: int = 0
+    recovery: Recovery | None = None
+    recovery_generation: int = 0
+    outstanding: tuple[Outstanding, ...] = ()
+    approvals: tuple[str, ...] = ()
+    deadlines: Mapping[str, Deadline] = field(default_factory=dict)
+    answered_at: float | None = None
+    ended: Ending | None = None
+
+    # --- derived ---------------------------------------------------------------------------------
+
+    @property
+    def terminal(self) -> bool:
+        return self.ended is not None
+
+    def outstanding_keys(self) -> tuple[str, ...]:
+        return tuple(o.key for o in self.outstanding)
+
+    def acceptable_terminal_states(self) -> tuple[str, ...]:
+        """Where this session may still end; ``completed``/``canceled`` need nothing unknown."""
+        if self.ended is not None:
+            return (self.ended.terminal_state,)
+        if self.outstanding:
+            return ("timed_out", "failed", "needs_human")
+        return TERMINAL_STATES
+
+    def status(self) -> str:
+        """One line for people: every dimension, never one ``connected`` flag."""
+        if self.ended is not None:
+            stage = f" at {self.ended.stage}" if self.ended.stage else ""
+            return f"{self.ended.terminal_state}{stage}: {self.ended.reason}"
+        parts = [
+            f"signaling {self.signaling.value}",
+            f"media {self.media.value}",
+            f"agent {self.agent_link.value}",
+            f"gate {self.gate.value}",
+        ]
+        if self.recovery is not None:
+            parts.append(
+                f"recovering {'+'.join(self.recovery.interruptions)} "
+                f"(generation {self.recovery.generation})"
+            )
+        if self.response is not None:
+            parts.append(f"speaking {self.response.response_id}")
+        elif self.turn is not None:
+            parts.append(f"turn {self.turn.turn_id}")
+        if self.outstanding:
+            parts.append(f"{len(self.outstanding)} tool call(s) outstanding")
+        return ", ".join(parts)
+
+    # --- checkpoint form -------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["acceptable_terminal_states"] = list(self.acceptable_terminal_states())
+        data["outstanding"] = [dataclasses.asdict(o) for o in self.outstanding]
+        data["deadlines"] = {k: dataclasses.asdict(v) for k, v in sorted(self.deadlines.items())}
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SessionState:
+        def opt(kind: Any, value: Any) -> Any:
+            return None if value is None else kind(**value)
+
+        recovery = data.get("recovery")
+        return cls(
+            session_id=data["session_id"],
+            version=data["version"],
+            policy=Policy.from_dict(data["policy"]),
+            signaling=Signaling(data["signaling"]),
+            media=Media(data["media"]),
+            media_since=data["media_since"],
+            agent_link=AgentLink(data["agent_link"]),
+            gate=Gate(data["gate"]),
+            gate_since=data["gate_since"],
+            turn=opt(Turn, data["turn"]),
+            response=opt(Response, data["response"]),
+            playback_generation=data["playback_generation"],
+            recovery=None
+            if recovery is None
+            else Recovery(**{**recovery, "interruptions": tuple(recovery["interruptions"])}),
+            recovery_generation=data["recovery_generation"],
+            outstanding=tuple(Outstanding(**o) for o in data["outstanding"]),
+            approvals=tuple(data["approvals"]),
+            deadlines={k: Deadline(**v) for k, v in data["deadlines"].items()},
+            answered_at=data["answered_at"],
+            ended=opt(Ending, data["ended"]),
+        )

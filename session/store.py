@@ -1,0 +1,285 @@
+"""The durable session store: what every implementation (SQLite now, PostgreSQL later) promises.
+
+The event log is the truth (STYLE habit 6): a session's live state is a fold over its events, and a
+checkpoint is only a shortcut into that fold. The store knows nothing of the state machine: events,
+effects, checkpoints and meta are JSON objects it keeps byte-for-byte as JSON, so a value read back
+equals the value written (tuples come back as lists, as JSON has no tuples).
+
+Callers see only the errors below, never a database's own: the contract tests in
+``tests/unit/test_session_store.py`` run against every implementation.
+
+Tool intents and receipts implement the write path of ARCHITECTURE.md "Side effects": an intent is
+persisted before the request is sent, keyed by its idempotency key, and its receipt after. Both are
+durable when the call returns, so a crash between any two steps leaves evidence to reconcile from
+(seed 000: "query side-effect receipts", never replay the write).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import builtins
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, Protocol
+
+# Seed 000: every session ends in exactly one of these. Kept here, not imported from the state
+# machine, so the store stays independent of how the machine is written.
+TERMINAL_STATES: Final = ("completed", "canceled", "timed_out", "failed", "needs_human")
+INTENT_KINDS: Final = ("read", "write")
+RECEIPT_OUTCOMES: Final = ("committed", "failed", "not_started", "unknown")
+
+
+@dataclass(frozen=True, slots=True)
+class EventRecord:
+    """One event of a session's log and the effects the machine returned for it."""
+
+    session_id: str
+    seq: int  # 1, 2, 3, ... per session, without gaps
+    type: str
+    payload: Mapping[str, Any]
+    effects: Sequence[Mapping[str, Any]]
+    at: float  # epoch seconds from the runtime's clock
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """The machine's serialized state after folding events ``1..seq``."""
+
+    session_id: str
+    seq: int
+    state: Mapping[str, Any]
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class SessionSummary:
+    session_id: str
+    created_at: float
+    updated_at: float  # time of the last append or touch
+    last_seq: int  # 0 before the first event
+    owner: str | None  # "worker-name/incarnation-uuid" of the process serving the session
+    status: str  # one-line status the caller derived from its state on the last append
+    terminal_state: str | None  # one of TERMINAL_STATES once recorded, never changed after
+    meta: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolIntent:
+    idempotency_key: str
+    session_id: str
+    turn_id: str
+    tool: str
+    kind: str  # one of INTENT_KINDS
+    digest: str  # of tool + arguments + session + turn (ARCHITECTURE.md "Side effects")
+    arguments: Mapping[str, Any]
+    created_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class ToolReceipt:
+    idempotency_key: str
+    outcome: str  # one of RECEIPT_OUTCOMES
+    detail: Mapping[str, Any]
+    at: float
+
+
+def check_terminal_state(terminal_state: str | None) -> None:
+    """Raise ValueError unless ``terminal_state`` is None or one of TERMINAL_STATES."""
+    if terminal_state is not None and terminal_state not in TERMINAL_STATES:
+        raise ValueError(f"terminal state {terminal_state!r} is not one of {TERMINAL_STATES}")
+
+
+# The keyset of ``SessionStore.list``: (created_at, session_id) of the last row served. Shared by
+# every implementation, so a cursor means the same thing whichever store issued it.
+def encode_cursor(created_at: float, session_id: str) -> str:
+    return base64.urlsafe_b64encode(json.dumps([created_at, session_id]).encode()).decode()
+
+
+def decode_cursor(cursor: str) -> tuple[float, str]:
+    """The keyset in a cursor from ``encode_cursor``; ValueError("cursor ...") if malformed."""
+    try:
+        value = json.loads(base64.b64decode(cursor, altchars=b"-_", validate=True))
+    except (ValueError, binascii.Error) as exc:  # JSONDecodeError and UnicodeError are ValueErrors
+        raise ValueError(f"cursor {cursor!r} is malformed") from exc
+    match value:
+        case [float() | int() as created_at, str() as session_id] if not isinstance(
+            created_at, bool
+        ) and math.isfinite(created_at):
+            return float(created_at), session_id
+    raise ValueError(f"cursor {cursor!r} is malformed")
+
+
+class StoreError(Exception):
+    """Base of every error a store raises; also raised, chained, when the database itself fails."""
+
+
+class SequenceConflict(StoreError):
+    """An append did not continue the log: another writer got there first, or the caller is stale.
+
+    ``expected`` is the seq the caller tried to write (what it believed comes next); ``actual`` is
+    the session's last stored seq, so the caller can reload events after its own last known one.
+    """
+
+    def __init__(self, session_id: str, expected: int, actual: int) -> None:
+        super().__init__(
+            f"session {session_id!r}: append at seq {expected} but the log ends at seq {actual}"
+            f" (next is {actual + 1})"
+        )
+        self.session_id = session_id
+        self.expected = expected
+        self.actual = actual
+
+
+class UnknownSession(StoreError):
+    def __init__(self, session_id: str) -> None:
+        super().__init__(f"unknown session {session_id!r}")
+        self.session_id = session_id
+
+
+class SessionExists(StoreError):
+    def __init__(self, session_id: str) -> None:
+        super().__init__(f"session {session_id!r} already exists")
+        self.session_id = session_id
+
+
+class SessionFinished(StoreError):
+    """The session already recorded its terminal state; its log is closed."""
+
+    def __init__(self, session_id: str, terminal_state: str) -> None:
+        super().__init__(f"session {session_id!r} already ended as {terminal_state!r}")
+        self.session_id = session_id
+        self.terminal_state = terminal_state
+
+
+class IdempotencyConflict(StoreError):
+    """The key is already used by a different intent, or a receipt contradicts the stored one."""
+
+    def __init__(self, key: str, reason: str) -> None:
+        super().__init__(f"idempotency key {key!r}: {reason}")
+        self.key = key
+        self.reason = reason
+
+
+class UnknownIntent(StoreError):
+    def __init__(self, key: str) -> None:
+        super().__init__(f"no intent with idempotency key {key!r}; record the intent first")
+        self.key = key
+
+
+class SessionStore(Protocol):
+    """Durable sessions, event logs, checkpoints, tool intents and receipts.
+
+    Every write is atomic and durable (committed) when it returns. Arguments a caller got wrong
+    regardless of stored data (an unknown terminal state or outcome, a malformed cursor, a batch
+    mixing sessions) raise ``ValueError``; conflicts with stored data raise a ``StoreError``.
+    """
+
+    def create(self, session_id: str, *, owner: str, meta: Mapping[str, Any], at: float) -> None:
+        """Start a session with ``last_seq`` 0 and status ``"created"``. Raises SessionExists."""
+        ...
+
+    def append(
+        self, record: EventRecord, *, status: str, terminal_state: str | None = None
+    ) -> None:
+        """Append one event: ``record.seq`` must be ``last_seq + 1``.
+
+        Raises UnknownSession, SessionFinished if a terminal state was already recorded, or
+        SequenceConflict; on any error nothing is written. Sets ``updated_at`` to ``record.at``,
+        ``status``, and ``terminal_state`` when given (which closes the log after this event).
+        """
+        ...
+
+    def append_many(
+        self, records: Sequence[EventRecord], *, status: str, terminal_state: str | None = None
+    ) -> None:
+        """Append consecutive events of one session in one transaction: all or none."""
+        ...
+
+    def touch(self, session_id: str, *, owner: str, at: float) -> bool:
+        """Heartbeat: set ``updated_at`` if ``owner`` owns the session and it is open.
+
+        Returns whether it did.
+        """
+        ...
+
+    def events(
+        self, session_id: str, *, after_seq: int = 0, limit: int | None = None
+    ) -> builtins.list[EventRecord]:
+        """Events with seq > ``after_seq`` in seq order, at most ``limit`` of them.
+
+        An unknown session has no events: [].
+        """
+        ...
+
+    def save_checkpoint(self, checkpoint: Checkpoint) -> None:
+        """Keep ``checkpoint`` unless one with a higher seq is already stored.
+
+        ``seq`` must lie in ``0..last_seq`` (a checkpoint cannot run ahead of the log): else
+        StoreError. Raises UnknownSession.
+        """
+        ...
+
+    def latest_checkpoint(self, session_id: str) -> Checkpoint | None:
+        """The checkpoint with the highest seq (the last one saved at that seq), or None."""
+        ...
+
+    def get(self, session_id: str) -> SessionSummary | None: ...
+
+    def list(
+        self,
+        *,
+        terminal_state: str | None = None,
+        open_only: bool = False,
+        status_prefix: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> tuple[builtins.list[SessionSummary], str | None]:
+        """One page of sessions, newest first (``created_at`` desc, then ``session_id`` desc).
+
+        Returns the page and an opaque cursor for the next one (None on the last page). Paging
+        with the cursor visits every matching session exactly once, even while sessions are
+        created. A malformed cursor raises ``ValueError("cursor ...")``.
+        """
+        ...
+
+    def open_sessions(
+        self, *, updated_before: float | None = None, owner_prefix: str | None = None
+    ) -> builtins.list[SessionSummary]:
+        """Sessions without a terminal state, least recently updated first.
+
+        Optionally only those with ``updated_at < updated_before`` and/or whose owner starts with
+        ``owner_prefix`` (case-sensitive, no wildcards).
+        """
+        ...
+
+    def record_intent(self, intent: ToolIntent) -> ToolIntent:
+        """Persist an intent before its request is sent; returns the stored intent.
+
+        Idempotent: the same key with the same session and digest returns the stored intent
+        (even after the session ended). The key with another session or digest raises
+        IdempotencyConflict. A new intent for an ended session raises SessionFinished.
+        """
+        ...
+
+    def record_receipt(self, receipt: ToolReceipt) -> ToolReceipt:
+        """Persist the outcome of an intent; returns the stored receipt.
+
+        The intent must exist (else UnknownIntent). The first definitive outcome (committed,
+        failed, not_started) wins: repeating it returns the stored receipt, a different outcome
+        raises IdempotencyConflict ("conflicting receipt"). An ``unknown`` receipt is stored but
+        may be replaced by a definitive one once reconciliation learns it.
+        """
+        ...
+
+    def intent(self, key: str) -> ToolIntent | None: ...
+
+    def receipt(self, key: str) -> ToolReceipt | None: ...
+
+    def outstanding_intents(self, session_id: str) -> builtins.list[ToolIntent]:
+        """Intents without a definitive receipt (none, or ``unknown``), oldest first."""
+        ...
+
+    def close(self) -> None: ...

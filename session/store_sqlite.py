@@ -1,0 +1,380 @@
+"""The embedded session store: one SQLite file in WAL mode (ARCHITECTURE.md "The store").
+
+Every write runs in ``BEGIN IMMEDIATE`` ... ``COMMIT``: the write lock is taken before the checks
+are read, so two processes sharing the file can never interleave a read-check-write (a stale
+writer gets SequenceConflict, not a forked log). ``synchronous=FULL`` makes a returned write
+survive power loss, not just a crash of the process: intents and receipts must (seed 000).
+No column holds raw audio.
+"""
+
+from __future__ import annotations
+
+import builtins
+import dataclasses
+import json
+import sqlite3
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, TypeVar
+
+from session.store import (
+    INTENT_KINDS,
+    RECEIPT_OUTCOMES,
+    TERMINAL_STATES,
+    Checkpoint,
+    EventRecord,
+    IdempotencyConflict,
+    SequenceConflict,
+    SessionExists,
+    SessionFinished,
+    SessionSummary,
+    StoreError,
+    ToolIntent,
+    ToolReceipt,
+    UnknownIntent,
+    UnknownSession,
+    check_terminal_state,
+    decode_cursor,
+    encode_cursor,
+)
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+R = TypeVar("R", bound="DataclassInstance")
+
+SCHEMA_VERSION: Final = 1  # PRAGMA user_version; a later migration steps it from here
+
+_SCHEMA: Final = (
+    f"""CREATE TABLE sessions (
+        session_id     TEXT PRIMARY KEY,
+        created_at     REAL NOT NULL,
+        updated_at     REAL NOT NULL,
+        last_seq       INTEGER NOT NULL DEFAULT 0,
+        owner          TEXT,
+        status         TEXT NOT NULL,
+        terminal_state TEXT CHECK (terminal_state IN {TERMINAL_STATES!r}),
+        meta           TEXT NOT NULL)""",
+    "CREATE INDEX sessions_newest ON sessions (created_at DESC, session_id DESC)",
+    "CREATE INDEX sessions_open ON sessions (updated_at) WHERE terminal_state IS NULL",
+    """CREATE TABLE events (
+        session_id TEXT NOT NULL REFERENCES sessions,
+        seq        INTEGER NOT NULL CHECK (seq >= 1),
+        type       TEXT NOT NULL,
+        payload    TEXT NOT NULL,
+        effects    TEXT NOT NULL,
+        at         REAL NOT NULL,
+        PRIMARY KEY (session_id, seq)) WITHOUT ROWID""",
+    # One row per session: only the latest checkpoint is ever read, the log keeps the history.
+    """CREATE TABLE checkpoints (
+        session_id TEXT PRIMARY KEY REFERENCES sessions,
+        seq        INTEGER NOT NULL,
+        state      TEXT NOT NULL,
+        at         REAL NOT NULL)""",
+    f"""CREATE TABLE tool_intents (
+        idempotency_key TEXT PRIMARY KEY,
+        session_id      TEXT NOT NULL REFERENCES sessions,
+        turn_id         TEXT NOT NULL,
+        tool            TEXT NOT NULL,
+        kind            TEXT NOT NULL CHECK (kind IN {INTENT_KINDS!r}),
+        digest          TEXT NOT NULL,
+        arguments       TEXT NOT NULL,
+        created_at      REAL NOT NULL)""",
+    "CREATE INDEX tool_intents_session ON tool_intents (session_id, created_at)",
+    f"""CREATE TABLE tool_receipts (
+        idempotency_key TEXT PRIMARY KEY REFERENCES tool_intents,
+        outcome         TEXT NOT NULL CHECK (outcome IN {RECEIPT_OUTCOMES!r}),
+        detail          TEXT NOT NULL,
+        at              REAL NOT NULL)""",
+)
+
+_JSON_FIELDS: Final = frozenset({"payload", "effects", "state", "meta", "arguments", "detail"})
+
+
+# Each table's columns are named as its record's fields, so rows map to records one to one.
+def _names(cls: type[DataclassInstance]) -> builtins.list[str]:
+    return [field.name for field in dataclasses.fields(cls)]
+
+
+def _dump(value: object) -> str:
+    # Canonical JSON, so equal values are stored as equal text; NaN is refused (not JSON).
+    def default(obj: object) -> object:
+        if isinstance(obj, Mapping):
+            return dict(obj)
+        if isinstance(obj, Sequence) and not isinstance(obj, str | bytes):
+            return builtins.list(obj)
+        raise TypeError(f"{type(obj).__name__} is not JSON serializable")
+
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), allow_nan=False, default=default
+    )
+
+
+def _params(record: DataclassInstance) -> dict[str, object]:
+    """Named SQL parameters for a record, its JSON fields serialized."""
+    values = {name: getattr(record, name) for name in _names(type(record))}
+    return {k: _dump(v) if k in _JSON_FIELDS else v for k, v in values.items()}
+
+
+def _insert(table: str, cls: type[DataclassInstance], verb: str = "INSERT") -> str:
+    names = _names(cls)
+    return f"{verb} INTO {table} ({', '.join(names)}) VALUES (:{', :'.join(names)})"
+
+
+def _record(cls: type[R], row: Sequence[Any]) -> R:
+    values = zip(_names(cls), row, strict=True)
+    return cls(**{k: json.loads(v) if k in _JSON_FIELDS else v for k, v in values})
+
+
+class SqliteSessionStore:
+    """``SessionStore`` on one SQLite file. One connection, used from the thread that opened it."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        try:
+            self._db = sqlite3.connect(
+                path, isolation_level=None, timeout=5.0, check_same_thread=True
+            )
+            self._db.execute("PRAGMA busy_timeout=5000")
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute("PRAGMA foreign_keys=ON")
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open session store {path}: {exc}") from exc
+        try:
+            self._migrate()
+        except BaseException:
+            self._db.close()
+            raise
+
+    def _migrate(self) -> None:
+        with self._write():  # two processes opening a new file at once create the schema once
+            (version,) = self._db.execute("PRAGMA user_version").fetchone()
+            if version == 0:
+                for statement in _SCHEMA:
+                    self._db.execute(statement)
+                self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            elif version != SCHEMA_VERSION:
+                raise StoreError(f"{self.path}: schema version {version} is not {SCHEMA_VERSION}")
+
+    @contextmanager
+    def _write(self) -> Iterator[None]:
+        """One write transaction, holding the write lock from the start (BEGIN IMMEDIATE)."""
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            raise StoreError(f"session store busy or unavailable: {exc}") from exc
+        try:
+            yield
+            self._db.execute("COMMIT")
+        except BaseException as exc:
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.Error):
+                raise StoreError(f"session store write failed: {exc}") from exc
+            raise
+
+    def _select(
+        self, cls: type[R], table: str, where: str, params: Sequence[object]
+    ) -> builtins.list[R]:
+        sql = f"SELECT {', '.join(_names(cls))} FROM {table} {where}"
+        try:
+            return [_record(cls, row) for row in self._db.execute(sql, params)]
+        except sqlite3.Error as exc:
+            raise StoreError(f"session store read failed: {exc}") from exc
+
+    def _open_session(self, session_id: str) -> int:
+        """Inside a write: the last seq of a session that exists and has not ended."""
+        row = self._db.execute(
+            "SELECT last_seq, terminal_state FROM sessions WHERE session_id = ?", (session_id,)
+        ).fetchone()
+        if row is None:
+            raise UnknownSession(session_id)
+        if row[1] is not None:
+            raise SessionFinished(session_id, row[1])
+        return int(row[0])
+
+    def close(self) -> None:
+        self._db.close()
+
+    def create(self, session_id: str, *, owner: str, meta: Mapping[str, Any], at: float) -> None:
+        params = _params(SessionSummary(session_id, at, at, 0, owner, "created", None, meta))
+        with self._write():
+            exists = "SELECT 1 FROM sessions WHERE session_id = ?"
+            if self._db.execute(exists, (session_id,)).fetchone():
+                raise SessionExists(session_id)
+            self._db.execute(_insert("sessions", SessionSummary), params)
+
+    def append(
+        self, record: EventRecord, *, status: str, terminal_state: str | None = None
+    ) -> None:
+        self.append_many([record], status=status, terminal_state=terminal_state)
+
+    def append_many(
+        self, records: Sequence[EventRecord], *, status: str, terminal_state: str | None = None
+    ) -> None:
+        check_terminal_state(terminal_state)
+        if not records:
+            raise ValueError("append_many needs at least one event")
+        session_id = records[0].session_id
+        if any(record.session_id != session_id for record in records):
+            raise ValueError("append_many: all events must belong to one session")
+        # Serialized before the lock is taken: a payload that is not JSON fails without a write.
+        rows = [_params(record) for record in records]
+        with self._write():
+            last_seq = self._open_session(session_id)
+            for offset, record in enumerate(records):
+                if record.seq != last_seq + 1 + offset:
+                    raise SequenceConflict(session_id, record.seq, last_seq + offset)
+            self._db.executemany(_insert("events", EventRecord), rows)
+            self._db.execute(
+                "UPDATE sessions SET last_seq = ?, updated_at = ?, status = ?, terminal_state = ?"
+                " WHERE session_id = ?",
+                (records[-1].seq, records[-1].at, status, terminal_state, session_id),
+            )
+
+    def touch(self, session_id: str, *, owner: str, at: float) -> bool:
+        with self._write():
+            cursor = self._db.execute(
+                "UPDATE sessions SET updated_at = ?"
+                " WHERE session_id = ? AND owner = ? AND terminal_state IS NULL",
+                (at, session_id, owner),
+            )
+            return cursor.rowcount == 1
+
+    def events(
+        self, session_id: str, *, after_seq: int = 0, limit: int | None = None
+    ) -> builtins.list[EventRecord]:
+        if limit is not None and limit < 0:
+            raise ValueError(f"limit must be >= 0, not {limit}")
+        where = "WHERE session_id = ? AND seq > ? ORDER BY seq LIMIT ?"
+        params = (session_id, after_seq, -1 if limit is None else limit)
+        return self._select(EventRecord, "events", where, params)
+
+    def save_checkpoint(self, checkpoint: Checkpoint) -> None:
+        params = _params(checkpoint)
+        with self._write():
+            last = "SELECT last_seq FROM sessions WHERE session_id = ?"
+            row = self._db.execute(last, (checkpoint.session_id,)).fetchone()
+            if row is None:
+                raise UnknownSession(checkpoint.session_id)
+            if not 0 <= checkpoint.seq <= row[0]:
+                raise StoreError(
+                    f"session {checkpoint.session_id!r}: checkpoint at seq {checkpoint.seq}"
+                    f" is outside the log (0..{row[0]})"
+                )
+            # A late save of an older checkpoint must not replace a newer one.
+            self._db.execute(
+                _insert("checkpoints", Checkpoint) + " ON CONFLICT (session_id) DO UPDATE SET"
+                " seq = excluded.seq, state = excluded.state, at = excluded.at"
+                " WHERE excluded.seq >= checkpoints.seq",
+                params,
+            )
+
+    def latest_checkpoint(self, session_id: str) -> Checkpoint | None:
+        found = self._select(Checkpoint, "checkpoints", "WHERE session_id = ?", (session_id,))
+        return found[0] if found else None
+
+    def get(self, session_id: str) -> SessionSummary | None:
+        found = self._select(SessionSummary, "sessions", "WHERE session_id = ?", (session_id,))
+        return found[0] if found else None
+
+    def list(
+        self,
+        *,
+        terminal_state: str | None = None,
+        open_only: bool = False,
+        status_prefix: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> tuple[builtins.list[SessionSummary], str | None]:
+        check_terminal_state(terminal_state)
+        if terminal_state is not None and open_only:
+            raise ValueError("terminal_state and open_only exclude each other")
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, not {limit}")
+        where = ["1"]
+        params: builtins.list[object] = []
+        if terminal_state is not None:
+            where.append("terminal_state = ?")
+            params.append(terminal_state)
+        if open_only:
+            where.append("terminal_state IS NULL")
+        if status_prefix is not None:
+            # substr, not LIKE: LIKE is case-insensitive and treats % and _ as wildcards.
+            where.append("substr(status, 1, ?) = ?")
+            params += [len(status_prefix), status_prefix]
+        if cursor is not None:
+            created_at, session_id = decode_cursor(cursor)
+            where.append("(created_at < ? OR (created_at = ? AND session_id < ?))")
+            params += [created_at, created_at, session_id]
+        sql = f"WHERE {' AND '.join(where)} ORDER BY created_at DESC, session_id DESC LIMIT ?"
+        rows = self._select(SessionSummary, "sessions", sql, [*params, limit + 1])
+        page, more = rows[:limit], len(rows) > limit
+        return page, encode_cursor(page[-1].created_at, page[-1].session_id) if more else None
+
+    def open_sessions(
+        self, *, updated_before: float | None = None, owner_prefix: str | None = None
+    ) -> builtins.list[SessionSummary]:
+        where = "WHERE terminal_state IS NULL"
+        params: builtins.list[object] = []
+        if updated_before is not None:
+            where += " AND updated_at < ?"
+            params.append(updated_before)
+        if owner_prefix is not None:
+            where += " AND substr(owner, 1, ?) = ?"
+            params += [len(owner_prefix), owner_prefix]
+        return self._select(SessionSummary, "sessions", f"{where} ORDER BY updated_at", params)
+
+    def record_intent(self, intent: ToolIntent) -> ToolIntent:
+        if intent.kind not in INTENT_KINDS:
+            raise ValueError(f"intent kind {intent.kind!r} is not one of {INTENT_KINDS}")
+        params = _params(intent)
+        with self._write():
+            if stored := self.intent(intent.idempotency_key):
+                if stored.session_id != intent.session_id:
+                    raise IdempotencyConflict(intent.idempotency_key, "used by another session")
+                if stored.digest != intent.digest:
+                    raise IdempotencyConflict(intent.idempotency_key, "used with another digest")
+                return stored
+            self._open_session(intent.session_id)  # no new side effect once a session ended
+            self._db.execute(_insert("tool_intents", ToolIntent), params)
+        return _record(ToolIntent, builtins.list(params.values()))
+
+    def record_receipt(self, receipt: ToolReceipt) -> ToolReceipt:
+        if receipt.outcome not in RECEIPT_OUTCOMES:
+            raise ValueError(f"outcome {receipt.outcome!r} is not one of {RECEIPT_OUTCOMES}")
+        params = _params(receipt)
+        key = receipt.idempotency_key
+        with self._write():
+            if self.intent(key) is None:
+                raise UnknownIntent(key)
+            if stored := self.receipt(key):
+                if stored.outcome == receipt.outcome:
+                    return stored
+                # 'unknown' is no outcome yet (seed 000): a later status query may settle it.
+                if stored.outcome != "unknown":
+                    raise IdempotencyConflict(
+                        key, f"conflicting receipt: {receipt.outcome!r}, stored {stored.outcome!r}"
+                    )
+            self._db.execute(_insert("tool_receipts", ToolReceipt, "INSERT OR REPLACE"), params)
+        return _record(ToolReceipt, builtins.list(params.values()))
+
+    def intent(self, key: str) -> ToolIntent | None:
+        found = self._select(ToolIntent, "tool_intents", "WHERE idempotency_key = ?", (key,))
+        return found[0] if found else None
+
+    def receipt(self, key: str) -> ToolReceipt | None:
+        found = self._select(ToolReceipt, "tool_receipts", "WHERE idempotency_key = ?", (key,))
+        return found[0] if found else None
+
+    def outstanding_intents(self, session_id: str) -> builtins.list[ToolIntent]:
+        # 'unknown' receipts are kept as evidence, but the intent is still to be reconciled.
+        where = (
+            "WHERE session_id = ? AND NOT EXISTS (SELECT 1 FROM tool_receipts AS r"
+            " WHERE r.idempotency_key = tool_intents.idempotency_key AND r.outcome != 'unknown')"
+            " ORDER BY created_at, rowid"
+        )
+        return self._select(ToolIntent, "tool_intents", where, (session_id,))

@@ -1,0 +1,540 @@
+"""Contract tests of ``SessionStore`` (ARCHITECTURE.md "The store").
+
+Everything above the "SQLite only" line is written against the protocol and runs once per
+backend in ``_BACKENDS``; a PostgreSQL store joins by adding a factory there. The stores are real
+(STYLE habit 9): SQLite files in ``tmp_path``, several store objects on one file standing in for
+several processes, and one test with real processes.
+"""
+
+from __future__ import annotations
+
+import base64
+import multiprocessing
+import sqlite3
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from session.store import (
+    Checkpoint,
+    EventRecord,
+    IdempotencyConflict,
+    SequenceConflict,
+    SessionExists,
+    SessionFinished,
+    SessionStore,
+    StoreError,
+    ToolIntent,
+    ToolReceipt,
+    UnknownIntent,
+    UnknownSession,
+)
+from session.store_sqlite import SqliteSessionStore
+
+OWNER = "worker-a/5d0c7f0e"
+
+# Each factory opens a new store object on the backend's one shared database.
+_BACKENDS: dict[str, Callable[[Path], Callable[[], SessionStore]]] = {
+    "sqlite": lambda tmp: lambda: SqliteSessionStore(tmp / "db" / "sessions.sqlite3"),
+}
+
+StoreFactory = Callable[[], SessionStore]
+
+
+@pytest.fixture(params=sorted(_BACKENDS))
+def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreFactory]:
+    """Opens store objects on one database (as separate processes would); closes them all."""
+    make = _BACKENDS[request.param](tmp_path)
+    opened: list[SessionStore] = []
+
+    def factory() -> SessionStore:
+        opened.append(make())
+        return opened[-1]
+
+    yield factory
+    for store in opened:
+        store.close()
+
+
+@pytest.fixture
+def store(open_store: StoreFactory) -> SessionStore:
+    return open_store()
+
+
+def event(session_id: str, seq: int, **payload: Any) -> EventRecord:
+    return EventRecord(
+        session_id=session_id,
+        seq=seq,
+        type="note",
+        payload=payload or {"n": seq},
+        effects=[{"effect": "log", "seq": seq}],
+        at=100.0 + seq,
+    )
+
+
+def intent(key: str, session_id: str = "s", digest: str = "d1", at: float = 1.0) -> ToolIntent:
+    return ToolIntent(
+        idempotency_key=key,
+        session_id=session_id,
+        turn_id="t1",
+        tool="book_table",
+        kind="write",
+        digest=digest,
+        arguments={"party": 2, "time": "19:30"},
+        created_at=at,
+    )
+
+
+def test_events_round_trip_json_exactly(store: SessionStore) -> None:
+    meta = {"caller": "***4567", "called_user": "service", "tags": ["a", "b"]}
+    store.create("s", owner=OWNER, meta=meta, at=10.0)
+    payload = {
+        "text": "grüß dich ☎",
+        "n": 3,
+        "big": 2**62,
+        "ratio": 0.1,
+        "flag": False,
+        "none": None,
+        "nested": {"list": [1, [2, {"x": []}]], "empty": {}},
+    }
+    first = EventRecord("s", 1, "call_offered", payload, [{"kind": "answer", "code": 200}], 11.5)
+    store.append(first, status="ringing")
+    store.append(event("s", 2), status="talking")
+
+    assert store.events("s") == [first, event("s", 2)]
+    assert store.events("s", after_seq=1) == [event("s", 2)]
+    assert store.events("s", limit=1) == [first]
+    assert store.events("nobody") == []
+    summary = store.get("s")
+    assert summary is not None
+    assert (summary.created_at, summary.updated_at, summary.last_seq) == (10.0, 102.0, 2)
+    assert (summary.owner, summary.status, summary.terminal_state) == (OWNER, "talking", None)
+    assert summary.meta == meta
+    assert store.get("nobody") is None
+
+
+def test_a_session_is_created_once(store: SessionStore) -> None:
+    store.create("s", owner=OWNER, meta={}, at=1.0)
+    with pytest.raises(SessionExists):
+        store.create("s", owner="other/1", meta={}, at=2.0)
+    summary = store.get("s")
+    assert summary is not None
+    assert (summary.owner, summary.created_at, summary.last_seq) == (OWNER, 1.0, 0)
+
+
+def test_writes_to_an_unknown_session_are_refused(store: SessionStore) -> None:
+    with pytest.raises(UnknownSession):
+        store.append(event("nobody", 1), status="x")
+    with pytest.raises(UnknownSession):
+        store.save_checkpoint(Checkpoint("nobody", 0, {}, 1.0))
+    with pytest.raises(UnknownSession):
+        store.record_intent(intent("k", session_id="nobody"))
+
+
+@pytest.mark.parametrize("seq", [0, -1, 2, 3, 5])
+def test_a_seq_that_does_not_continue_the_log_conflicts(store: SessionStore, seq: int) -> None:
+    store.create("s", owner=OWNER, meta={}, at=1.0)
+    store.append(event("s", 1), status="one")
+    store.append(event("s", 2), status="two")
+    before = store.get("s")
+
+    with pytest.raises(SequenceConflict) as raised:
+        store.append(event("s", seq if seq != 3 else 2), status="bad")  # 2 is a duplicate
+
+    assert (raised.value.session_id, raised.value.actual) == ("s", 2)
+    assert store.get("s") == before
+    assert store.events("s") == [event("s", 1), event("s", 2)]
+
+
+def test_the_log_closes_at_its_terminal_state(store: SessionStore) -> None:
+    store.create("s", owner=OWNER, meta={}, at=1.0)
+    store.append(event("s", 1), status="talking")
+    with pytest.raises(ValueError, match="terminal state"):
+        store.append(event("s", 2), status="bye", terminal_state="done")
+    store.append(event("s", 2), status="ended", terminal_state="completed")
+
+    with pytest.raises(SessionFinished) as raised:
+        store.append(event("s", 3), status="late")
+    assert raised.value.terminal_state == "completed"
+    with pytest.raises(SessionFinished):
+        store.append(event("s", 3), status="late", terminal_state="failed")
+    summary = store.get("s")
+    assert summary is not None
+    assert (summary.last_seq, summary.status, summary.terminal_state) == (2, "ended", "completed")
+
+
+def test_append_many_writes_all_or_nothing(store: SessionStore) -> None:
+    store.create("s", owner=OWNER, meta={}, at=1.0)
+    store.append(event("s", 1), status="one")
+
+    with pytest.raises(SequenceConflict) as raised:
+        store.append_many([event("s", 2), event("s", 3), event("s", 5)], status="gap")
+    assert (raised.value.expected, raised.value.actual) == (5, 3)
+    with pytest.raises(ValueError):
+        store.append_many([event("s", 2), event("s", 3, bad=float("nan"))], status="not json")
+    with pytest.raises(ValueError):
+        store.append_many([event("s", 2), event("other", 3)], status="two sessions")
+    with pytest.raises(ValueError):
+        store.append_many([], status="nothing")
+    assert store.events("s") == [event("s", 1)]
+
+    store.append_many([event("s", 2), event("s", 3)], status="three", terminal_state="canceled")
+    assert [e.seq for e in store.events("s")] == [1, 2, 3]
+    summary = store.get("s")
+    assert summary is not None
+    assert (summary.last_seq, summary.updated_at, summary.terminal_state) == (3, 103.0, "canceled")
+
+
+def test_only_the_owner_touches_an_open_session(store: SessionStore) -> None:
+    store.create("s", owner=OWNER, meta={}, at=1.0)
+    assert not store.touch("s", owner="worker-b/1", at=5.0)
+    assert not store.touch("nobody", owner=OWNER, at=5.0)
+    assert store.touch("s", owner=OWNER, at=6.0)
+    summary = store.get("s")
+    assert summary is not None
+    assert summary.updated_at == 6.0
+
+    store.append(event("s", 1), status="ended", terminal_state="timed_out")
+    assert not store.touch("s", owner=OWNER, at=200.0)
+    summary = store.get("s")
+    assert summary is not None
+    assert summary.updated_at == 101.0
+
+
+def test_the_checkpoint_with_the_highest_seq_wins(store: SessionStore) -> None:
+    store.create("s", owner=OWNER, meta={}, at=1.0)
+    assert store.latest_checkpoint("s") is None
+    store.append_many([event("s", n) for n in (1, 2, 3)], status="three")
+
+    store.save_checkpoint(Checkpoint("s", 0, {"gate": "open"}, 1.0))
+    store.save_checkpoint(Checkpoint("s", 2, {"gate": "frozen", "intents": []}, 2.0))
+    store.save_checkpoint(Checkpoint("s", 1, {"gate": "stale"}, 3.0))  # late and older
+    assert store.latest_checkpoint("s") == Checkpoint(
+        "s", 2, {"gate": "frozen", "intents": []}, 2.0
+    )
+    store.save_checkpoint(Checkpoint("s", 2, {"gate": "reconciling"}, 4.0))
+    assert store.latest_checkpoint("s") == Checkpoint("s", 2, {"gate": "reconciling"}, 4.0)
+
+    with pytest.raises(StoreError):
+        store.save_checkpoint(Checkpoint("s", 4, {}, 5.0))  # ahead of the log
+    assert store.latest_checkpoint("s") == Checkpoint("s", 2, {"gate": "reconciling"}, 4.0)
+
+
+def _populate(store: SessionStore, count: int) -> list[str]:
+    """Sessions with tied creation times; returns their ids newest first."""
+    ids = [f"s{n:02d}" for n in range(count)]
+    for n, session_id in enumerate(ids):
+        store.create(session_id, owner=f"worker-{'ab'[n % 2]}/{n}", meta={"n": n}, at=n // 3)
+        store.append(event(session_id, 1), status="talking" if n % 3 else "Reconnecting 50%")
+        if n % 4 == 0:
+            store.append(event(session_id, 2), status="ended", terminal_state="completed")
+    return sorted(ids, key=lambda s: (int(s[1:]) // 3, s), reverse=True)
+
+
+def _all_pages(store: SessionStore, limit: int, **filters: Any) -> list[list[str]]:
+    pages: list[list[str]] = []
+    cursor: str | None = None
+    while True:
+        page, cursor = store.list(limit=limit, cursor=cursor, **filters)
+        pages.append([summary.session_id for summary in page])
+        if cursor is None:
+            return pages
+
+
+@pytest.mark.parametrize("limit", [1, 4, 5, 25, 50])
+def test_list_pages_visit_every_session_once_newest_first(store: SessionStore, limit: int) -> None:
+    newest_first = _populate(store, 25)
+    pages = _all_pages(store, limit)
+    assert [sid for page in pages for sid in page] == newest_first
+    assert all(len(page) == limit for page in pages[:-1])
+    assert 1 <= len(pages[-1]) <= limit
+
+
+def test_list_filters_page_too(store: SessionStore) -> None:
+    newest_first = _populate(store, 25)
+    by_id = {sid: store.get(sid) for sid in newest_first}
+
+    def ids(limit: int, **filters: Any) -> list[str]:
+        return [sid for page in _all_pages(store, limit, **filters) for sid in page]
+
+    completed = [sid for sid in newest_first if int(sid[1:]) % 4 == 0]
+    assert ids(2, terminal_state="completed") == completed
+    assert ids(3, open_only=True) == [sid for sid in newest_first if sid not in completed]
+    reconnecting = [s for s in newest_first if (by_id[s] or pytest.fail()).status.startswith("R")]
+    assert ids(2, status_prefix="Reconnecting 50%") == reconnecting
+    assert ids(2, status_prefix="reconnecting") == []  # case-sensitive
+    assert ids(2, status_prefix="Reconnecting 5_%") == []  # no wildcards
+    assert ids(50, terminal_state="failed") == []
+    with pytest.raises(ValueError):
+        store.list(terminal_state="completed", open_only=True)
+    with pytest.raises(ValueError):
+        store.list(limit=0)
+
+
+@pytest.mark.parametrize(
+    "cursor",
+    [
+        "",
+        "not a cursor!",
+        base64.urlsafe_b64encode(b"not json").decode(),
+        base64.urlsafe_b64encode(b"[1]").decode(),
+        base64.urlsafe_b64encode(b'["x", "y"]').decode(),
+        base64.urlsafe_b64encode(b'[true, "s01"]').decode(),
+        base64.urlsafe_b64encode(b'[NaN, "s01"]').decode(),
+        base64.urlsafe_b64encode(b"\xff\xfe").decode(),
+    ],
+)
+def test_a_malformed_cursor_is_a_value_error(store: SessionStore, cursor: str) -> None:
+    with pytest.raises(ValueError, match=r"^cursor"):
+        store.list(cursor=cursor)
+
+
+def test_open_sessions_by_age_and_owner(store: SessionStore) -> None:
+    for n, owner in enumerate(["worker-a/1", "worker-a/2", "worker-b/1", "worker-a/1"]):
+        store.create(f"s{n}", owner=owner, meta={}, at=float(n))
+    store.append(event("s3", 1), status="ended", terminal_state="failed")
+    assert store.touch("s0", owner="worker-a/1", at=50.0)
+
+    def ids(found: list[Any]) -> list[str]:
+        return [summary.session_id for summary in found]
+
+    assert ids(store.open_sessions()) == ["s1", "s2", "s0"]  # least recently updated first
+    assert ids(store.open_sessions(updated_before=2.0)) == ["s1"]
+    assert ids(store.open_sessions(updated_before=2.5)) == ["s1", "s2"]
+    assert ids(store.open_sessions(owner_prefix="worker-a/")) == ["s1", "s0"]
+    assert ids(store.open_sessions(owner_prefix="worker-a/1")) == ["s0"]
+    assert ids(store.open_sessions(owner_prefix="worker-_")) == []
+    assert ids(store.open_sessions(updated_before=60.0, owner_prefix="worker-b")) == ["s2"]
+
+
+def test_an_intent_is_recorded_once_per_key(store: SessionStore) -> None:
+    store.create("s", owner=OWNER, meta={}, at=1.0)
+    store.create("other", owner=OWNER, meta={}, at=1.0)
+    first = store.record_intent(intent("k1", at=5.0))
+    assert first == intent("k1", at=5.0)
+    assert store.record_intent(intent("k1", at=9.0)) == first  # a retry returns the original
+    assert store.intent("k1") == first
+    assert store.intent("k2") is None
+
+    with pytest.raises(IdempotencyConflict) as raised:
+        store.record_intent(intent("k1", digest="d2"))
+    assert raised.value.key == "k1"
+    assert "k1" in str(raised.value)
+    with pytest.raises(IdempotencyConflict):
+        store.record_intent(intent("k1", session_id="other"))
+    with pytest.raises(ValueError):
+        store.record_intent(ToolIntent("k3", "s", "t1", "book_table", "delete", "d", {}, 1.0))
+    assert store.intent("k1") == first
+    assert store.intent("k3") is None
+
+
+def test_an_ended_session_starts_no_new_intent(store: SessionStore) -> None:
+    store.create("s", owner=OWNER, meta={}, at=1.0)
+    stored = store.record_intent(intent("k1"))
+    store.append(event("s", 1), status="ended", terminal_state="needs_human")
+    assert store.record_intent(intent("k1")) == stored
+    with pytest.raises(SessionFinished):
+        store.record_intent(intent("k2"))
+    # Reconciliation goes on after the end (seed 000: timed_out intents enter reconciliation).
+    assert store.record_receipt(ToolReceipt("k1", "committed", {}, 2.0)).outcome == "committed"
+
+
+def test_the_first_definitive_receipt_wins(store: SessionStore) -> None:
+    store.create("s", owner=OWNER, meta={}, at=1.0)
+    with pytest.raises(UnknownIntent):
+        store.record_receipt(ToolReceipt("k1", "committed", {}, 2.0))
+    store.record_intent(intent("k1"))
+    with pytest.raises(ValueError):
+        store.record_receipt(ToolReceipt("k1", "maybe", {}, 2.0))
+
+    first = store.record_receipt(ToolReceipt("k1", "committed", {"booking": "B-17"}, 2.0))
+    assert first == ToolReceipt("k1", "committed", {"booking": "B-17"}, 2.0)
+    assert store.record_receipt(ToolReceipt("k1", "committed", {"other": 1}, 3.0)) == first
+    for outcome in ("failed", "not_started", "unknown"):
+        with pytest.raises(IdempotencyConflict, match="conflicting receipt"):
+            store.record_receipt(ToolReceipt("k1", outcome, {}, 4.0))
+    assert store.receipt("k1") == first
+    assert store.receipt("k2") is None
+
+
+def test_an_unknown_receipt_keeps_the_intent_outstanding(store: SessionStore) -> None:
+    store.create("s", owner=OWNER, meta={}, at=1.0)
+    for key, at in [("k2", 2.0), ("k1", 1.0), ("k3", 2.0)]:
+        store.record_intent(intent(key, at=at))
+    assert [i.idempotency_key for i in store.outstanding_intents("s")] == ["k1", "k2", "k3"]
+
+    store.record_receipt(ToolReceipt("k1", "failed", {}, 5.0))
+    store.record_receipt(ToolReceipt("k2", "unknown", {"status": 504}, 5.0))
+    assert store.record_receipt(ToolReceipt("k2", "unknown", {}, 6.0)).detail == {"status": 504}
+    assert [i.idempotency_key for i in store.outstanding_intents("s")] == ["k2", "k3"]
+
+    # A later status query settles it; then the answer is final.
+    settled = store.record_receipt(ToolReceipt("k2", "not_started", {}, 7.0))
+    assert store.receipt("k2") == settled
+    assert [i.idempotency_key for i in store.outstanding_intents("s")] == ["k3"]
+    assert store.outstanding_intents("nobody") == []
+
+
+def test_everything_survives_reopening(open_store: StoreFactory) -> None:
+    store = open_store()
+    store.create("s", owner=OWNER, meta={"caller": "***4567"}, at=1.0)
+    store.append_many([event("s", 1), event("s", 2)], status="talking")
+    store.save_checkpoint(Checkpoint("s", 2, {"gate": "open"}, 3.0))
+    stored_intent = store.record_intent(intent("k1"))
+    store.record_intent(intent("k2"))
+    stored_receipt = store.record_receipt(ToolReceipt("k1", "committed", {"id": 1}, 4.0))
+    summary = store.get("s")
+    store.close()
+
+    reopened = open_store()
+    assert reopened.get("s") == summary
+    assert reopened.events("s") == [event("s", 1), event("s", 2)]
+    assert reopened.latest_checkpoint("s") == Checkpoint("s", 2, {"gate": "open"}, 3.0)
+    assert reopened.intent("k1") == stored_intent
+    assert reopened.receipt("k1") == stored_receipt
+    assert [i.idempotency_key for i in reopened.outstanding_intents("s")] == ["k2"]
+    reopened.append(event("s", 3), status="resumed")
+    assert reopened.list()[0][0].last_seq == 3
+
+
+def test_a_stale_writer_conflicts_instead_of_forking_the_log(open_store: StoreFactory) -> None:
+    old, new = open_store(), open_store()
+    old.create("s", owner="worker-a/1", meta={}, at=1.0)
+    old.append(event("s", 1), status="one")
+    new.append(event("s", 2, writer="new"), status="resumed")  # the session moved on
+
+    with pytest.raises(SequenceConflict) as raised:
+        old.append(event("s", 2, writer="old"), status="stale")
+    assert (raised.value.expected, raised.value.actual) == (2, 2)
+    assert old.events("s") == [event("s", 1), event("s", 2, writer="new")]
+    assert new.record_intent(intent("k1")) == old.record_intent(intent("k1"))
+    with pytest.raises(IdempotencyConflict):
+        old.record_intent(intent("k1", digest="other"))
+
+
+# Hypothesis reuses the function-scoped store across examples; each example writes its own
+# session, so examples cannot see each other.
+_SESSIONS = iter(range(10**9))
+
+
+@settings(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    batches=st.lists(
+        st.tuples(
+            st.lists(st.sampled_from([0, 0, 0, 0, -1, 1, 2, -3]), min_size=1, max_size=3),
+            st.booleans(),
+        ),
+        max_size=12,
+    )
+)
+def test_the_log_is_exactly_the_accepted_appends(
+    store: SessionStore, batches: list[tuple[list[int], bool]]
+) -> None:
+    session_id = f"h{next(_SESSIONS)}"
+    store.create(session_id, owner=OWNER, meta={}, at=0.0)
+    accepted: list[EventRecord] = []
+    for number, (offsets, as_batch) in enumerate(batches):
+        # Each offset shifts a seq away from the one that would continue the log (0: continues).
+        seqs, seq = [], len(accepted)
+        for offset in offsets:
+            seq += 1 + offset
+            seqs.append(seq)
+        records = [event(session_id, s, batch=number, i=i) for i, s in enumerate(seqs)]
+        valid = seqs == list(range(len(accepted) + 1, len(accepted) + 1 + len(seqs)))
+        try:
+            if as_batch or len(records) > 1:
+                store.append_many(records, status=f"b{number}")
+            else:
+                store.append(records[0], status=f"b{number}")
+        except SequenceConflict:
+            assert not valid
+        else:
+            assert valid
+            accepted += records
+    assert store.events(session_id) == accepted
+    assert [record.seq for record in accepted] == list(range(1, len(accepted) + 1))
+    summary = store.get(session_id)
+    assert summary is not None
+    assert summary.last_seq == len(accepted)
+
+
+# ---- SQLite only ----------------------------------------------------------------------------
+
+
+def _append_worker(path: str, session_id: str, writer: int, count: int, go: Any) -> None:
+    """A separate process appending ``count`` events, re-reading the log after each conflict."""
+    store = SqliteSessionStore(Path(path))
+    go.wait(30)
+    written = 0
+    while written < count:
+        summary = store.get(session_id)
+        assert summary is not None
+        record = event(session_id, summary.last_seq + 1, writer=writer, n=written)
+        try:
+            store.append(record, status=f"writer {writer}")
+        except SequenceConflict:
+            continue
+        written += 1
+    store.close()
+
+
+def test_processes_sharing_the_file_never_fork_the_log(tmp_path: Path) -> None:
+    path = tmp_path / "sessions.sqlite3"
+    store = SqliteSessionStore(path)
+    store.create("s", owner=OWNER, meta={}, at=1.0)
+    context = multiprocessing.get_context("spawn")
+    go = context.Event()
+    workers = [
+        context.Process(target=_append_worker, args=(str(path), "s", writer, 25, go))
+        for writer in range(3)
+    ]
+    for worker in workers:
+        worker.start()
+    go.set()
+    for worker in workers:
+        worker.join(60)
+    assert [worker.exitcode for worker in workers] == [0, 0, 0]
+
+    log = store.events("s")
+    store.close()
+    assert [record.seq for record in log] == list(range(1, 76))
+    for writer in range(3):
+        mine = [r.payload["n"] for r in log if r.payload["writer"] == writer]
+        assert mine == list(range(25))
+
+
+def test_sqlite_is_opened_for_durability(tmp_path: Path) -> None:
+    path = tmp_path / "sessions.sqlite3"
+    store = SqliteSessionStore(path)
+    own = store._db  # synchronous, busy_timeout and foreign_keys are per connection
+    assert own.execute("PRAGMA synchronous").fetchone() == (2,)  # FULL
+    assert own.execute("PRAGMA busy_timeout").fetchone() == (5000,)
+    assert own.execute("PRAGMA foreign_keys").fetchone() == (1,)
+    assert own.isolation_level is None
+    store.close()
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+        assert db.execute("PRAGMA user_version").fetchone() == (1,)
+        tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        assert tables == {"sessions", "events", "checkpoints", "tool_intents", "tool_receipts"}
+        types = {
+            row[2].upper()
+            for table in tables
+            for row in db.execute(f"PRAGMA table_info({table})").fetchall()
+        }
+    db.close()
+    assert types <= {"TEXT", "REAL", "INTEGER"}  # no BLOB: no raw audio column
+
+
+def test_sqlite_refuses_a_newer_schema(tmp_path: Path) -> None:
+    path = tmp_path / "sessions.sqlite3"
+    SqliteSessionStore(path).close()
+    with sqlite3.connect(path) as db:
+        db.execute("PRAGMA user_version=2")
+    db.close()
+    with pytest.raises(StoreError, match="schema version 2"):
+        SqliteSessionStore(path)
