@@ -48,6 +48,11 @@ PROMPTS: dict[str, str] = {
     **{f"digit_{c}": c for c in "ABCD"},
     "still_there": "Are you still there?",
     "reconnecting": "One moment, I am reconnecting.",
+    # What the session machine says when a call ends on a deadline (session/machine.py, Say).
+    "timed_out": "I am sorry, I could not restore the connection in time. "
+    "Nothing else will be done on this call. Goodbye.",
+    "outcome_unknown": "I cannot confirm yet whether your request went through. "
+    "A colleague will check it and get back to you. Goodbye.",
 }
 
 RATE = 16000  # G.722's rate; 8 kHz calls get these resampled at load, never upsampled audio

@@ -25,6 +25,12 @@ def server_factory(tmp_path: Path) -> Iterator[object]:
     yield start
     for server in started:
         server.stop()
+    # The product's promise, checked after every test: no session is left without its one
+    # terminal state once its server has shut down.
+    for server in started:
+        if (server.data_dir / "voicegate.sqlite3").exists():
+            left_open = [s for s in server.stored_sessions() if s["terminal_state"] is None]
+            assert not left_open, f"sessions left non-terminal: {left_open}"
 
 
 @pytest.fixture

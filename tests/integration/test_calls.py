@@ -145,3 +145,26 @@ def test_health_and_readiness(server: Server) -> None:
     assert server.metric("voicegate_sip_transports_up") == 1
     # The verified pointer copy is in use on this build of pjsua2.
     assert server.metric("voicegate_fast_frame_copy") == 1
+
+
+def test_max_duration_deadline_ends_the_call_timed_out_with_a_notice(
+    server_factory, tmp_path: Path  # type: ignore[no-untyped-def]
+) -> None:
+    server = server_factory(VOICEGATE_SESSION_MAX_DURATION_S="3")
+    sipp = Sipp("uac-wait-for-bye.xml", server.sip_target, tmp_path, timeout_s=40)
+    # The caller stays on the line; the deadline ends the call with a BYE (SIPp's scenario
+    # fails without one).
+    assert sipp.run() == 0, sipp.errors()
+    session = _one_session(server)
+    ended = session["ended"]
+    assert (ended["terminal_state"], ended["stage"]) == ("timed_out", "max_duration")
+    last = session["events"][-1]
+    assert last["type"] == "deadline_fired"
+    assert last["payload"] == {"name": "max_duration", "generation": 0}
+    kinds = [effect["kind"] for effect in last["effects"]]
+    # Seed 000: a timeout is a transition with effects, in this order.
+    assert kinds.index("clear_playout") < kinds.index("say") < kinds.index("release_media")
+    assert kinds.index("release_media") < kinds.index("hang_up") < kinds.index("finished")
+    assert {"kind": "say", "prompt": "timed_out"} in last["effects"]
+    assert ended["at"] - session["events"][1]["at"] >= 3
+    assert server.metric("voicegate_calls_total", outcome="timed_out") == 1

@@ -160,3 +160,19 @@ def test_frames_split_into_20_ms_and_pad_the_last() -> None:
 def test_frames_refuse_non_int16_at_once() -> None:
     with pytest.raises(FrameError, match="int16"):
         frames(np.zeros(10, np.float64), 8000)
+
+
+def test_every_prompt_the_session_machine_can_say_is_shipped() -> None:
+    import re
+    from pathlib import Path
+
+    import session.machine
+
+    source = Path(session.machine.__file__).read_text()
+    said = set(re.findall(r'Say\("([a-z_]+)"\)', source)) | set(
+        re.findall(r'say="([a-z_]+)"', source)
+    ) | set(re.findall(r'"(outcome_unknown|timed_out)"', source))
+    assert {"reconnecting", "timed_out", "outcome_unknown"} <= said
+    library = PromptLibrary(default_prompts_dir())
+    missing = [name for name in said if name not in library]
+    assert not missing

@@ -312,3 +312,16 @@ def test_sip_port_outside_the_rtp_range() -> None:
         "sip.port = 20500 (from VOICEGATE_SIP_PORT), media.rtp_port_min = 20000, "
         "media.rtp_port_max = 20999: the SIP port must lie outside the RTP range (both UDP)"
     )
+
+
+def test_session_keys_are_validated() -> None:
+    from config import ConfigError, load_settings
+
+    with pytest.raises(ConfigError, match=r"session\.worker_name = 'a/b'"):
+        load_settings(None, {"VOICEGATE_SESSION_WORKER_NAME": "a/b"})
+    with pytest.raises(ConfigError, match=r"reap_after_s must be at least 3 x heartbeat_s"):
+        load_settings(
+            None, {"VOICEGATE_SESSION_REAP_AFTER_S": "20", "VOICEGATE_SESSION_HEARTBEAT_S": "10"}
+        )
+    settings = load_settings(None, {"VOICEGATE_SESSION_WORKER_NAME": "edge-2.b_x"})
+    assert settings.session.worker_name == "edge-2.b_x"
