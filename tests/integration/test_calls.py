@@ -148,7 +148,8 @@ def test_health_and_readiness(server: Server) -> None:
 
 
 def test_max_duration_deadline_ends_the_call_timed_out_with_a_notice(
-    server_factory, tmp_path: Path  # type: ignore[no-untyped-def]
+    server_factory,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
 ) -> None:
     server = server_factory(VOICEGATE_SESSION_MAX_DURATION_S="3")
     sipp = Sipp("uac-wait-for-bye.xml", server.sip_target, tmp_path, timeout_s=40)
