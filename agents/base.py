@@ -7,9 +7,9 @@ and be told when they are done). Agents never see SIP or pjsua2.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Protocol
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
@@ -26,6 +26,26 @@ class CallContext:
     caller: str
     codec: str
     rate: int
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResult:
+    """What became of a tool request.
+
+    ``outcome``: ``committed``, ``failed`` (the provider refused), ``not_started`` (it never
+    happened; nothing was done), ``pending`` (the same request is still in flight), ``refused``
+    (voicegate did not send it: unknown tool, no confirmation, side effects frozen, or a key reused
+    for another request). An unknown outcome never reaches the agent as a result: the session
+    goes to ``needs_human`` and the caller is told what is not known.
+    ``duplicate``: the agent asked for an intent it had asked for before; this is the original
+    outcome and no second request was sent.
+    """
+
+    tool: str
+    key: str
+    outcome: str
+    detail: Mapping[str, Any] = field(default_factory=dict)
+    duplicate: bool = False
 
 
 class CallControl(Protocol):
@@ -48,6 +68,16 @@ class CallControl(Protocol):
     def hangup(self, reason: str, *, after_playout: bool = True) -> None:
         """End the call (BYE), by default once the queued audio has been heard."""
 
+    def request_tool(
+        self, tool: str, arguments: Mapping[str, Any], *, key: str | None = None
+    ) -> str:
+        """Ask for a tool call; returns its idempotency key at once, the result comes later in
+        :meth:`Agent.on_tool_result`. Without ``key`` one is derived from the intent (tool,
+        arguments, session, turn), so asking twice for the same thing is answered with the
+        original outcome. A tool that needs approval runs only from a caller's key press
+        (call this from :meth:`Agent.on_dtmf`)."""
+        ...
+
 
 class Agent:
     """Base class for agents; override what you need."""
@@ -64,6 +94,9 @@ class Agent:
 
     async def on_audio(self, frame: Frame) -> None:
         """20 ms of caller audio at the call's rate."""
+
+    async def on_tool_result(self, result: ToolResult) -> None:
+        """A tool request finished, was refused, or was a duplicate."""
 
     async def on_end(self, reason: str) -> None:
         """The call is over; the control object no longer works."""

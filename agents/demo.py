@@ -1,9 +1,10 @@
 """The demo agent: greets the caller and answers DTMF from a menu of prompts.
 
-Menu (prompt ``menu``): 1 collects digits until ``#`` and reads them back; 2 (payments) and 3 (a
-person) are placeholders that later work fills; 9 says goodbye and ends the call; ``*`` repeats the
-menu. A key press cuts off whatever prompt is playing, as callers expect of IVRs. The digits
-themselves are never logged: in a payment flow they would be card numbers.
+Menu (prompt ``menu``): 1 collects digits until ``#`` and reads them back; 2 takes a payment
+through the configured ``charge`` tool (amount in cents, ``#``, then 1 to pay or ``*`` to cancel,
+and the outcome read back); 3 (a person) is a placeholder; 9 says goodbye and ends the call;
+``*`` repeats the menu. A key press cuts off whatever prompt is playing, as callers expect of IVRs.
+The digits themselves are never logged: in a payment flow they would be card numbers.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import enum
 import logging
 
-from agents.base import Agent
+from agents.base import Agent, ToolResult
 
 log = logging.getLogger("voicegate.agent.demo")
 
@@ -22,11 +23,25 @@ _DIGIT_PROMPTS = {
     **{c: f"digit_{c}" for c in "ABCD"},
 }
 MAX_DIGITS = 32
+MAX_AMOUNT_DIGITS = 7  # at most 9,999,999 cents
+PAYMENT_TOOL = "charge"
+PAYMENT_CURRENCY = "EUR"
+
+_OUTCOME_PROMPTS = {
+    "committed": "payment_committed",
+    "failed": "payment_failed",
+    "not_started": "payment_not_started",
+    "pending": "payment_pending",
+    "refused": "payment_unavailable",
+}
 
 
 class _Mode(enum.Enum):
     MENU = "menu"
     COLLECTING = "collecting"
+    AMOUNT = "amount"
+    CONFIRM = "confirm"
+    PAYING = "paying"
     ENDING = "ending"
 
 
@@ -35,22 +50,35 @@ class DemoAgent(Agent):
 
     async def on_start(self) -> None:
         self._digits: list[str] = []
+        self._amount = ""
         self.call.play_prompt("greeting")
         self.call.play_prompt("menu")
 
     async def on_dtmf(self, digit: str) -> None:
-        if self.mode is _Mode.ENDING:
+        if self.mode in (_Mode.ENDING, _Mode.PAYING):
             return
         self.call.stop_playback()
-        if self.mode is _Mode.COLLECTING:
-            self._collect(digit)
-            return
+        match self.mode:
+            case _Mode.COLLECTING:
+                self._collect(digit)
+            case _Mode.AMOUNT:
+                self._collect_amount(digit)
+            case _Mode.CONFIRM:
+                self._confirm(digit)
+            case _:
+                self._menu(digit)
+
+    def _menu(self, digit: str) -> None:
         match digit:
             case "1":
                 self.mode = _Mode.COLLECTING
                 self._digits = []
                 self.call.play_prompt("enter_digits")
-            case "2" | "3":
+            case "2":
+                self.mode = _Mode.AMOUNT
+                self._amount = ""
+                self.call.play_prompt("enter_amount")
+            case "3":
                 self.call.play_prompt("not_available")
             case "9":
                 self.mode = _Mode.ENDING
@@ -58,6 +86,10 @@ class DemoAgent(Agent):
                 self.call.hangup("caller chose to end the call", after_playout=True)
             case _:
                 self.call.play_prompt("menu")
+
+    def _say_digits(self, digits: str) -> None:
+        for pressed in digits:
+            self.call.play_prompt(_DIGIT_PROMPTS[pressed])
 
     def _collect(self, digit: str) -> None:
         if digit != "#":
@@ -72,6 +104,60 @@ class DemoAgent(Agent):
             self.call.play_prompt("no_digits")
             return
         self.call.play_prompt("you_entered")
-        for pressed in self._digits:
-            self.call.play_prompt(_DIGIT_PROMPTS[pressed])
+        self._say_digits("".join(self._digits))
         self._digits = []
+
+    def _collect_amount(self, digit: str) -> None:
+        if digit == "*":
+            self._cancel_payment()
+        elif digit == "#":
+            amount = self._amount.lstrip("0")
+            if not amount:
+                self.mode = _Mode.MENU
+                self.call.play_prompt("no_digits")
+                return
+            self._amount = amount
+            self.mode = _Mode.CONFIRM
+            self.call.play_prompt("you_entered")
+            self._say_digits(amount)
+            self.call.play_prompt("confirm_payment")
+        elif digit.isdigit() and len(self._amount) < MAX_AMOUNT_DIGITS:
+            self._amount += digit
+
+    def _confirm(self, digit: str) -> None:
+        if digit == "1":
+            # Called from the caller's key press: that is the approval a dtmf-approved tool needs.
+            self.mode = _Mode.PAYING
+            self.call.play_prompt("payment_processing")
+            self.call.request_tool(
+                PAYMENT_TOOL,
+                {
+                    "amount_cents": int(self._amount),
+                    "currency": PAYMENT_CURRENCY,
+                    "account": f"demo-{self.context.call_id[:8]}",
+                },
+            )
+        elif digit == "*":
+            self._cancel_payment()
+        else:
+            self.call.play_prompt("confirm_payment")
+
+    def _cancel_payment(self) -> None:
+        self.mode = _Mode.MENU
+        self._amount = ""
+        self.call.play_prompt("payment_canceled")
+
+    async def on_tool_result(self, result: ToolResult) -> None:
+        if result.tool != PAYMENT_TOOL or self.mode is not _Mode.PAYING:
+            return
+        self.mode = _Mode.MENU
+        log.info(
+            "demo.payment",
+            extra={
+                "call_id": self.context.call_id,
+                "outcome": result.outcome,
+                "duplicate": result.duplicate,
+            },
+        )
+        self.call.play_prompt(_OUTCOME_PROMPTS.get(result.outcome, "payment_unavailable"))
+        self.call.play_prompt("menu")

@@ -7,6 +7,7 @@ file, section or variable), the value, where it came from and what is allowed.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import os
 import tomllib
@@ -18,6 +19,7 @@ from config.errors import ConfigError
 from config.rules import Invalid
 from config.schema import BY_DOTTED, BY_ENV, ENV_PREFIX, KEYS, SECTIONS, from_env, from_toml
 from config.settings import CrossProblem, Settings, cross_check
+from config.tools import TOOL_ENV_PREFIX, load_tools
 
 CONFIG_ENV = "VOICEGATE_CONFIG"
 # VOICEGATE_* variables that are not settings. Any other one is refused as a probable typo: a
@@ -39,12 +41,18 @@ def load_settings(
     values: dict[str, object] = {}  # dotted key -> canonical value
     sources: dict[str, str] = {}  # dotted key -> " (from ...)"
     problems: list[str] = []
+    file_tools: list[tuple[object, str]] = []
 
     if path is not None:
-        problems += _apply_file(Path(path), "", values, sources)
+        problems += _apply_file(Path(path), "", values, sources, file_tools)
     elif env.get(CONFIG_ENV):
-        problems += _apply_file(Path(env[CONFIG_ENV]), f" (from {CONFIG_ENV})", values, sources)
+        problems += _apply_file(
+            Path(env[CONFIG_ENV]), f" (from {CONFIG_ENV})", values, sources, file_tools
+        )
     problems += _apply_env(env, values, sources)
+    tools_table, tools_src = file_tools[0] if file_tools else (None, "")
+    tools, tool_problems = load_tools(tools_table, tools_src, env)
+    problems += tool_problems
     for k in KEYS:
         if k.dotted not in values and k.dotted not in sources:
             # Defaults pass the same checks, which also makes relative default paths absolute.
@@ -55,7 +63,7 @@ def load_settings(
     if problems:
         raise ConfigError(*problems)
 
-    settings = _build(values)
+    settings = dataclasses.replace(_build(values), tools=tools)
     cross = [_describe(p, settings, sources) for p in cross_check(settings)]
     if cross:
         raise ConfigError(*cross)
@@ -63,7 +71,11 @@ def load_settings(
 
 
 def _apply_file(
-    file: Path, origin: str, values: dict[str, object], sources: dict[str, str]
+    file: Path,
+    origin: str,
+    values: dict[str, object],
+    sources: dict[str, str],
+    file_tools: list[tuple[object, str]],
 ) -> list[str]:
     try:
         with file.open("rb") as fp:
@@ -81,7 +93,9 @@ def _apply_file(
     src = f" (from {file})"
     problems: list[str] = []
     for section, table in data.items():
-        if section not in SECTIONS:
+        if section == "tools":
+            file_tools.append((table, src))
+        elif section not in SECTIONS:
             problems.append(_unknown_section(section, table, src))
         elif not isinstance(table, dict):
             problems.append(f"{section} = {table!r}{src}: expected a table [{section}]")
@@ -107,6 +121,8 @@ def _apply_env(
     for var in sorted(env):
         if not var.startswith(ENV_PREFIX) or var in _NOT_SETTINGS:
             continue
+        if var.startswith(TOOL_ENV_PREFIX):
+            continue  # tool declarations: config.tools reads them
         k = BY_ENV.get(var)
         if k is None:
             # The value is left out: an unknown variable may well hold a secret.
@@ -131,7 +147,8 @@ def _unknown_section(section: str, table: object, src: str) -> str:
         return f"{section} = {table!r}{src}: keys belong in a [section]{_hint(section, section)}"
     near = difflib.get_close_matches(section, list(SECTIONS), n=1, cutoff=0.6)
     hint = f"did you mean [{near[0]}]? " if near else ""
-    return f"[{section}]{src}: unknown section; {hint}known sections: {', '.join(SECTIONS)}"
+    known = ", ".join([*SECTIONS, "tools.<name>"])
+    return f"[{section}]{src}: unknown section; {hint}known sections: {known}"
 
 
 def _hint(dotted: str, name: str) -> str:

@@ -97,6 +97,20 @@ def one_of(*choices: str) -> Rule:
     return Rule(allowed, check)
 
 
+def empty_or_one_of(*choices: str, nth: bool = False) -> Rule:
+    allowed = f"empty, or one of {', '.join(choices)}"
+    if nth:
+        allowed += ", each optionally followed by #N (the N-th time)"
+
+    def check(value: str) -> str:
+        name, sep, count = value.partition("#") if nth else (value, "", "")
+        if value and (name not in choices or (sep and not (count.isdigit() and int(count) > 0))):
+            raise _refuse(allowed)
+        return value
+
+    return Rule(allowed, check)
+
+
 def int_choice(*choices: int) -> Rule:
     allowed = " or ".join(str(c) for c in choices)
 

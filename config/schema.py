@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, get_type_hints
 
 from config.rules import SPEC, Invalid, KeySpec, Rule
-from config.settings import Settings
+from config.settings import NOT_A_SECTION, Settings
 
 ENV_PREFIX = "VOICEGATE_"
 
@@ -63,6 +63,8 @@ def _walk() -> tuple[dict[str, type[Any]], tuple[SchemaKey, ...]]:
     keys: list[SchemaKey] = []
     section_types = get_type_hints(Settings)
     for sf in dataclasses.fields(Settings):
+        if sf.metadata.get(NOT_A_SECTION):
+            continue
         cls = section_types[sf.name]
         sections[sf.name] = cls
         hints = get_type_hints(cls)

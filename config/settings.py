@@ -21,6 +21,7 @@ from config.rules import (
     boolean,
     choice_list,
     directory,
+    empty_or_one_of,
     float_range,
     header_text,
     int_choice,
@@ -31,6 +32,22 @@ from config.rules import (
     one_of,
     sip_users,
 )
+from config.tools import ToolSettings
+
+# The crash windows of seed 000 ("How to validate"), named where voicegate's write path passes them.
+CRASH_WINDOWS = (
+    "before_turn_commit",
+    "after_turn_commit",
+    "before_intent_persist",
+    "after_intent_persist",
+    "before_request_send",
+    "after_request_send",
+    "after_provider_commit",
+    "before_receipt_persist",
+    "after_receipt_persist",
+    "during_playout",
+)
+NOT_A_SECTION = "voicegate.not_a_section"
 
 _PORT = int_range(1, 65535)
 _ADDRESS = ip_literal()
@@ -156,6 +173,20 @@ class SessionSettings:
         default=5.0,
         metadata=key(float_range(0.5, 60), "How often a live session's owner touches it"),
     )
+    reconcile_timeout_s: float = field(
+        default=30.0,
+        metadata=key(
+            float_range(1, 600),
+            "How long reconciliation may ask providers about unknown outcomes before the "
+            "session goes to needs_human",
+        ),
+    )
+    status_attempts: int = field(
+        default=5,
+        metadata=key(
+            int_range(1, 20), "Status queries per outstanding intent (backoff with jitter)"
+        ),
+    )
     recovery_timeout_s: float = field(
         default=20.0,
         metadata=key(
@@ -196,6 +227,18 @@ class LogSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class FaultSettings:
+    crash_at: str = field(
+        default="",
+        metadata=key(
+            empty_or_one_of(*CRASH_WINDOWS, nth=True),
+            "For tests only: exit abruptly (as a crash would) the first time this window is "
+            "reached; empty = never",
+        ),
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class Settings:
     """All settings. Build it with ``load_settings()``, which validates; the bare constructor
     does not (it is for tests and for ``dataclasses.replace`` on loaded settings)."""
@@ -207,6 +250,9 @@ class Settings:
     session: SessionSettings = field(default_factory=SessionSettings)
     agent: AgentSettings = field(default_factory=AgentSettings)
     log: LogSettings = field(default_factory=LogSettings)
+    faults: FaultSettings = field(default_factory=FaultSettings)
+    # Not a [section] of keys: [tools.<name>] tables, read by config.tools.
+    tools: tuple[ToolSettings, ...] = field(default=(), metadata={NOT_A_SECTION: True})
 
 
 # ---- relations between keys --------------------------------------------------------------------

@@ -48,6 +48,16 @@ PROMPTS: dict[str, str] = {
     **{f"digit_{c}": c for c in "ABCD"},
     "still_there": "Are you still there?",
     "reconnecting": "One moment, I am reconnecting.",
+    # The demo agent's payment flow (menu key 2).
+    "enter_amount": "Enter the amount in cents, then press hash.",
+    "confirm_payment": "cents. Press 1 to pay, or star to cancel.",
+    "payment_processing": "One moment, please.",
+    "payment_committed": "The payment went through. Thank you.",
+    "payment_failed": "The payment was declined. Nothing was charged.",
+    "payment_not_started": "The payment was not made. Nothing was charged.",
+    "payment_canceled": "Payment canceled. Nothing was charged.",
+    "payment_unavailable": "Payments are not available right now. Nothing was charged.",
+    "payment_pending": "That payment is still being processed.",
     # What the session machine says when a call ends on a deadline (session/machine.py, Say).
     "timed_out": "I am sorry, I could not restore the connection in time. "
     "Nothing else will be done on this call. Goodbye.",

@@ -228,6 +228,15 @@ class OperatorResolution(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class OwnerLost(Event):
+    """The process serving the session died: the caller is gone, but outstanding tool intents
+    are still to be reconciled before the session is finalised (seed 000's third step)."""
+
+    type: ClassVar[str] = "owner_lost"
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class SessionReaped(Event):
     """Synthesized by the reaper for a session whose process died (seed 004)."""
 
@@ -265,6 +274,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         DeadlineFired,
         RecoveryRetryDue,
         OperatorResolution,
+        OwnerLost,
         SessionReaped,
     )
 }

@@ -671,6 +671,37 @@ def _on_operator_resolution(
     )
 
 
+def _on_owner_lost(state: SessionState, event: ev.OwnerLost, now: float) -> Result:
+    out: Effects = []
+    if state.turn is not None or state.response is not None:
+        out.append(fx.StopGeneration())
+    state = _cut_playback(replace(state, turn=None), out)
+    if state.recovery is not None:
+        recovery = state.recovery
+        out.append(
+            fx.RecoveryFinished(
+                recovery.generation,
+                recovery.interruptions,
+                "failed",
+                round(now - recovery.started_at, 6),
+            )
+        )
+    for name in sorted(state.deadlines):
+        out.append(fx.CancelTimer(name))
+    state = replace(
+        state,
+        recovery=None,
+        deadlines={},
+        signaling=Signaling.GONE,
+        media=Media.RELEASED if state.media is not Media.NONE else Media.NONE,
+        agent_link=AgentLink.CLOSED,
+    )
+    if state.gate is not Gate.CLOSED:
+        state = _set_gate(state, Gate.FROZEN, now, out)
+        state = _reconcile(state, now, out)
+    return state, out
+
+
 def _on_session_reaped(state: SessionState, event: ev.SessionReaped, now: float) -> Result:
     out: Effects = []
     known = [f"last known: {state.status()}"]
@@ -714,6 +745,7 @@ _HANDLERS: dict[type[ev.Event], _Handler] = {
     ev.RecoveryRetryDue: _on_recovery_retry_due,  # type: ignore[dict-item]
     ev.OperatorResolution: _on_operator_resolution,  # type: ignore[dict-item]
     ev.SessionReaped: _on_session_reaped,  # type: ignore[dict-item]
+    ev.OwnerLost: _on_owner_lost,  # type: ignore[dict-item]
 }
 
 

@@ -11,23 +11,25 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
 
-from agents.base import Agent, AgentFactory, CallContext
+from agents.base import Agent, AgentFactory, CallContext, ToolResult
 from audio.frame import Frame
 from session import effects as fx
 from session import events as sev
 from session.durable import DurableSession
 from session.machine import RETRY, IllegalTransition
+from session.state import Outstanding
 from session.store import SessionStore, StoreError
 from telephony import events as ev
 from telephony.media_bridge import MediaChannel
 from telephony.sip_message import mask_uri
+from voicegate.call_tools import CallTools, ToolDone, ToolRefused, ToolServices
 from voicegate.metrics import Metrics
 
 log = logging.getLogger("voicegate.call")
@@ -72,7 +74,7 @@ class HangupPlan:
     reason: str
 
 
-class CallServices(Protocol):
+class CallServices(ToolServices, Protocol):
     """What a live call needs from the process around it."""
 
     store: SessionStore
@@ -102,7 +104,7 @@ class LiveCall:
         self._services = services
         self._agent_factory = agent_factory
         self._wall = wall_clock
-        self.events: asyncio.Queue[ev.SipEvent | _Tick | _TimerFired] = asyncio.Queue()
+        self.events: asyncio.Queue[object] = asyncio.Queue()
         self.phase = CallPhase.RINGING
         self.started_at = wall_clock()
         self.answered_at: float | None = None
@@ -120,6 +122,14 @@ class LiveCall:
         self._response_tx_start = 0
         self._hangup: HangupPlan | None = None
         self._hangup_waiting_since: float | None = None
+        self._in_dtmf = False
+        self.tools = CallTools(
+            self.call_id,
+            services,
+            apply=self._apply,
+            post=self.events.put_nowait,
+            current_turn=self._current_turn,
+        )
 
     # --- what /v1/calls shows -------------------------------------------------------------------
 
@@ -176,6 +186,9 @@ class LiveCall:
         if len(channel.outbound) + frames > MAX_PLAYOUT_S * 1000 // FRAME_MS:
             raise PlayoutFull(f"call {self.call_id}: playout would exceed {MAX_PLAYOUT_S} s")
         channel.outbound.extend(pcm[i : i + size] for i in range(0, len(pcm), size))
+        if self.tools.receipts_seen:
+            # Seed 000's last crash window: response audio buffered for playout after a receipt.
+            self._services.faults.reached("during_playout")
 
     def play_prompt(self, name: str) -> None:
         self.play(self._services.prompt(name, self.rate))
@@ -189,6 +202,16 @@ class LiveCall:
 
     def hangup(self, reason: str, *, after_playout: bool = True) -> None:
         self.end(HangupPlan("completed", reason), after_playout=after_playout)
+
+    def request_tool(
+        self, tool: str, arguments: Mapping[str, Any], *, key: str | None = None
+    ) -> str:
+        # Approval by key press: only a request made while handling the caller's DTMF counts.
+        return self.tools.request(tool, arguments, key, approved=self._in_dtmf)
+
+    def _current_turn(self) -> str:
+        state = self.session.state if self.session else None
+        return state.turn.turn_id if state and state.turn else ""
 
     def end(self, plan: HangupPlan, *, after_playout: bool, status: int = 603) -> None:
         """Hang up, recording ``plan`` as the session's outcome (the first plan given wins).
@@ -276,10 +299,29 @@ class LiveCall:
                     for handle in self._timers.values():
                         handle.cancel()
                     self._timers.clear()
+                case fx.SendToolRequest(key=key):
+                    intent = self._outstanding(key)
+                    if intent is not None:
+                        self.tools.persist_intent(
+                            key, intent.tool, intent.kind, intent.digest, intent.turn_id
+                        )
+                        self.tools.send(key, intent.tool)
+                case fx.Reconcile(keys=keys):
+                    self.tools.reconcile(keys, tool_of=self._tool_of)
                 case _:
                     # Reconcile, tool requests, agent notices: their owners come with the
                     # side-effect and agent work; the effect is already in the log.
                     pass
+
+    def _outstanding(self, key: str) -> Outstanding | None:
+        state = self.session.state if self.session else None
+        if state is None:
+            return None
+        return next((o for o in state.outstanding if o.key == key), None)
+
+    def _tool_of(self, key: str) -> str:
+        intent = self._outstanding(key)
+        return intent.tool if intent else ""
 
     def _say(self, prompt: str) -> None:
         channel = self.channel
@@ -353,6 +395,7 @@ class LiveCall:
         finally:
             for handle in self._timers.values():
                 handle.cancel()
+            self.tools.cancel()
             if self.phase is not CallPhase.ENDED:
                 # Cancelled (shutdown past its deadline): the outcome is still recorded.
                 self._finish_without_dialog("server stopped before the call ended")
@@ -362,7 +405,7 @@ class LiveCall:
         if self.phase is CallPhase.RINGING and self._hangup is None:
             self._services.submit(ev.Answer(self.call_id))
 
-    async def _handle(self, item: ev.SipEvent | _Tick | _TimerFired) -> None:
+    async def _handle(self, item: object) -> None:
         match item:
             case _Tick():
                 self._tick_queued = False
@@ -392,8 +435,24 @@ class LiveCall:
                 await self._on_dtmf(digit)
             case ev.CallEnded():
                 await self._on_ended(item)
+            case ToolDone():
+                await self._on_tool_done(item)
+            case ToolRefused(result=result):
+                await self._tell_agent(result)
             case _:
                 log.debug("call.ignored_event", extra={"call_id": self.call_id, "ev": repr(item)})
+
+    async def _on_tool_done(self, done: ToolDone) -> None:
+        intent = self._outstanding(done.key)
+        if intent is None or self.session is None or self.session.state.terminal:
+            return
+        result = self.tools.record(done, intent.tool)
+        if not self.session.state.terminal:
+            await self._tell_agent(result)
+
+    async def _tell_agent(self, result: ToolResult) -> None:
+        if self.agent is not None and self.phase is CallPhase.ANSWERED:
+            await self.agent.on_tool_result(result)
 
     async def _on_dtmf(self, digit: str) -> None:
         if self.agent is None or self.phase is not CallPhase.ANSWERED or self._hangup is not None:
@@ -403,8 +462,15 @@ class LiveCall:
         turn_id = f"t{self._turns}"
         if not self._try(sev.TurnStarted(turn_id)):
             return
+        faults = self._services.faults
+        faults.reached("before_turn_commit")
         self._apply(sev.TurnCommitted(turn_id))
-        await self.agent.on_dtmf(digit)
+        faults.reached("after_turn_commit")
+        self._in_dtmf = True
+        try:
+            await self.agent.on_dtmf(digit)
+        finally:
+            self._in_dtmf = False
 
     async def _maybe_start_agent(self) -> None:
         if self.agent is not None or self.channel is None or self.phase is not CallPhase.ANSWERED:

@@ -102,6 +102,30 @@ class Metrics:
             ["event"],
             registry=r,
         )
+        self.tool_calls = Counter(
+            "voicegate_tool_calls_total",
+            "Tool calls by tool and outcome (committed, failed, not_started, unknown, refused)",
+            ["tool", "outcome"],
+            registry=r,
+        )
+        self.tool_duplicates_prevented = Counter(
+            "voicegate_tool_duplicates_prevented_total",
+            "Repeated asks for an intent already made, answered with the original outcome",
+            ["tool"],
+            registry=r,
+        )
+        self.reconciliations = Counter(
+            "voicegate_reconciliations_total",
+            "Outcomes learned from providers' status endpoints",
+            ["outcome"],
+            registry=r,
+        )
+        self.needs_human = Counter(
+            "voicegate_needs_human_total",
+            "Sessions sent to needs_human, by reason",
+            ["reason"],
+            registry=r,
+        )
         for outcome in ("completed", "canceled", "timed_out", "failed", "needs_human"):
             self.calls.labels(outcome)
             self.sessions_ended.labels(outcome)

@@ -13,9 +13,10 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
+import aiohttp
 import numpy as np
 from numpy.typing import NDArray
 
@@ -23,6 +24,7 @@ from agents.base import AgentFactory
 from agents.demo import DemoAgent
 from audio.prompts import PromptLibrary, default_prompts_dir
 from config import Settings
+from config.tools import ToolSettings
 from session import effects as fx
 from session.reaper import reap_predecessors, reap_stale
 from session.state import Policy
@@ -31,8 +33,11 @@ from session.store_sqlite import SqliteSessionStore
 from telephony import events as ev
 from telephony.endpoint import EndpointConfig, SipEndpoint
 from telephony.sip_message import mask_uri
+from voicegate.faults import Faults
 from voicegate.live_call import CallPhase, HangupPlan, LiveCall
 from voicegate.metrics import Metrics
+from voicegate.startup_reconcile import settle_predecessors
+from voicegate.tool_client import ToolClient
 
 log = logging.getLogger("voicegate.runtime")
 
@@ -88,6 +93,12 @@ class Runtime:
         self._prompts = PromptLibrary(Path(prompts_dir))
         self._agent_factory = agent_factory(settings)
         self.answer_after_s = settings.sip.answer_after_s
+        self.faults = Faults(settings.faults.crash_at)
+        self.tools: Mapping[str, ToolSettings] = {tool.name: tool for tool in settings.tools}
+        self.reconcile_timeout_s = settings.session.reconcile_timeout_s
+        self.status_attempts = settings.session.status_attempts
+        self._http: aiohttp.ClientSession | None = None
+        self.tool_client: ToolClient
         self.calls: dict[str, LiveCall] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self.sip: SipEndpoint | None = None
@@ -116,8 +127,11 @@ class Runtime:
         m = self.metrics
         for effect in effects:
             match effect:
-                case fx.Finished(terminal_state=terminal):
+                case fx.Finished(terminal_state=terminal, stage=stage):
                     m.sessions_ended.labels(terminal).inc()
+                    if terminal == "needs_human":
+                        # The stage says why: reconciliation (unknown outcome), hangup, transfer.
+                        m.needs_human.labels(stage or "unknown").inc()
                 case fx.GateChanged(frozen_s=frozen_s) if frozen_s > 0:
                     m.gate_frozen_seconds.inc(frozen_s)
                 case fx.RecoveryFinished(interruptions=kinds, outcome=outcome, duration_s=d):
@@ -141,8 +155,54 @@ class Runtime:
 
     # --- lifecycle ------------------------------------------------------------------------------
 
+    def _http_session(self) -> aiohttp.ClientSession:
+        # The two crash windows inside an HTTP exchange hook into aiohttp's tracing: the body
+        # has been written to the socket, and (for after_provider_commit) the provider's status
+        # endpoint already says committed while our response is still on its way.
+        trace = aiohttp.TraceConfig()
+
+        async def on_chunk_sent(
+            session: aiohttp.ClientSession,
+            ctx: object,
+            params: aiohttp.TraceRequestChunkSentParams,
+        ) -> None:
+            request = getattr(ctx, "trace_request_ctx", None)
+            if not isinstance(request, dict) or "key" not in request:
+                return
+            self.faults.reached("after_request_send")
+            if self.faults.window == "after_provider_commit":
+                tool, key = request["tool"], request["key"]
+                deadline = time.monotonic() + 10
+                while time.monotonic() < deadline:
+                    async with session.get(tool.status_url(key)) as resp:
+                        if resp.status == 200 and (await resp.json()).get("status") == "committed":
+                            self.faults.reached("after_provider_commit")
+                    await asyncio.sleep(0.02)
+
+        trace.on_request_chunk_sent.append(on_chunk_sent)
+        return aiohttp.ClientSession(trace_configs=[trace])
+
+    def _count_reconciled(self, tool: str, outcome: str) -> None:
+        self.metrics.reconciliations.labels(outcome).inc()
+        self.metrics.tool_calls.labels(tool, outcome).inc()
+
     async def start(self) -> None:
-        """Finalise what a dead predecessor left open, then start taking calls."""
+        """Settle and finalise what a dead predecessor left open, then start taking calls."""
+        self._http = self._http_session()
+        self.tool_client = ToolClient(self._http)
+        settled = await settle_predecessors(
+            self.store,
+            self.tool_client,
+            self.tools,
+            worker=self.settings.session.worker_name,
+            me=self.owner,
+            attempts=self.status_attempts,
+            deadline_s=self.reconcile_timeout_s,
+            record_effects=self.record_effects,
+            on_outcome=self._count_reconciled,
+        )
+        if settled:
+            log.warning("reconcile.startup", extra={"settled": settled})
         predecessors = reap_predecessors(
             self.store, worker=self.settings.session.worker_name, me=self.owner, now=self._wall()
         )
@@ -268,6 +328,8 @@ class Runtime:
                 await self._housekeeping
         if self.sip is not None:
             await self.sip.stop()
+        if self._http is not None:
+            await self._http.close()
         self.store.close()
         log.info("shutdown.done")
 

@@ -31,6 +31,9 @@ from config import (
     render_reference,
 )
 from config.schema import KEYS, Kind, SchemaKey, from_env
+from config.settings import FaultSettings
+from config.tools import KEY_DOCS as TOOL_KEY_DOCS
+from config.tools import ToolSettings
 
 EXAMPLE = Path(config.__file__).parent / "voicegate.example.toml"
 
@@ -68,11 +71,24 @@ def defaults_in(cwd: Path) -> Settings:
             worker_name="worker-0",
             reap_after_s=120.0,
             heartbeat_s=5.0,
+            reconcile_timeout_s=30.0,
+            status_attempts=5,
             recovery_timeout_s=20.0,
             max_duration_s=3600.0,
         ),
         agent=AgentSettings(kind="demo", prompts_dir=None),
         log=LogSettings(level="info", format="json", pjsip_level=1),
+        faults=FaultSettings(crash_at=""),
+        tools=(
+            ToolSettings(
+                name="charge",
+                kind="write",
+                endpoint="http://127.0.0.1:8090/v1/charges",
+                status_endpoint="http://127.0.0.1:8090/v1/charges/{key}",
+                timeout_s=5.0,
+                approval="dtmf",
+            ),
+        ),
     )
 
 
@@ -239,8 +255,10 @@ def test_example_file_loads_to_the_defaults(
 
 def test_example_file_sets_every_key() -> None:
     data = tomllib.loads(EXAMPLE.read_text(encoding="utf-8"))
+    tools = data.pop("tools")
     written = {f"{section}.{name}" for section, table in data.items() for name in table}
     assert written == {k.dotted for k in KEYS}
+    assert set(tools["charge"]) == set(TOOL_KEY_DOCS)
 
 
 def test_example_file_says_what_each_key_allows() -> None:
@@ -249,8 +267,10 @@ def test_example_file_says_what_each_key_allows() -> None:
     lines = EXAMPLE.read_text(encoding="utf-8").splitlines()
     section = ""
     for i, line in enumerate(lines):
-        if m := re.fullmatch(r"\[(\w+)\]", line):
+        if m := re.fullmatch(r"\[([\w.]+)\]", line):
             section = m[1]
+        elif section.startswith("tools."):
+            continue  # tool tables document their keys in prose (config/tools.py)
         elif m := re.match(r"(\w+) = ", line):
             k = next(k for k in KEYS if k.dotted == f"{section}.{m[1]}")
             assert lines[i - 1] == f"# Allowed: {k.rule.allowed}.", k.dotted

@@ -1,0 +1,237 @@
+"""The write path of one call: intent, request, receipt, and reconciliation by status query.
+
+Order of a write (seed 000; ARCHITECTURE.md "Side effects"), each step durable before the next:
+1. the ``tool_intent`` event (the session machine refuses it unless the gate is open), then the
+   intent row with its unique idempotency key;
+2. the ``tool_request_sent`` event, then the HTTP request with ``Idempotency-Key``;
+3. the receipt row (committed, failed, not_started or unknown), then the ``tool_receipt`` event.
+A crash between any two steps leaves an intent without a receipt, which reconciliation resolves by
+asking the provider's status endpoint about the key, never by sending the request again.
+
+Session events are applied only by the call's own task: HTTP work runs in tasks that hand their
+outcome back through the call's queue as :class:`ToolDone`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from agents.base import ToolResult
+from config.tools import ToolSettings
+from session import events as sev
+from session.machine import GateClosed, IllegalTransition
+from session.store import IdempotencyConflict, SessionStore, ToolIntent, ToolReceipt
+from voicegate.faults import Faults
+from voicegate.metrics import Metrics
+from voicegate.tool_client import DEFINITIVE, ToolClient, ToolOutcome
+
+log = logging.getLogger("voicegate.tools")
+
+
+@dataclass(frozen=True, slots=True)
+class ToolDone:
+    """An HTTP outcome, handed back to the call's task to be recorded."""
+
+    key: str
+    outcome: ToolOutcome
+    via: str  # "request" or "status"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolRefused:
+    """Delivered to the agent without anything being sent."""
+
+    result: ToolResult
+
+
+class ToolServices(Protocol):
+    store: SessionStore
+    metrics: Metrics
+    faults: Faults
+    tool_client: ToolClient
+    tools: Mapping[str, ToolSettings]
+    reconcile_timeout_s: float
+    status_attempts: int
+
+
+def intent_digest(tool: str, arguments: Mapping[str, Any], session_id: str, turn_id: str) -> str:
+    """sha256 of the canonical intent: the same ask in the same turn of a session is the same."""
+    canonical = json.dumps(
+        {"tool": tool, "arguments": arguments, "session": session_id, "turn": turn_id},
+        sort_keys=True,
+        separators=(",", ":"),
+    )
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+@dataclass
+class CallTools:
+    session_id: str
+    services: ToolServices
+    apply: Callable[[sev.Event], object]  # the call's durable apply (raises IllegalTransition)
+    post: Callable[[object], None]  # put an item on the call's own queue
+    current_turn: Callable[[], str]
+    _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    _arguments: dict[str, Mapping[str, Any]] = field(default_factory=dict)
+    receipts_seen: int = 0
+
+    # --- asked by the agent (inside the call's task) -----------------------------------------
+
+    def request(
+        self, tool_name: str, arguments: Mapping[str, Any], key: str | None, approved: bool
+    ) -> str:
+        services = self.services
+        turn_id = self.current_turn()
+        digest = intent_digest(tool_name, arguments, self.session_id, turn_id)
+        key = key or f"vg-{self.session_id[:12]}-{digest[:24]}"
+        tool = services.tools.get(tool_name)
+        if tool is None:
+            return self._refuse(tool_name, key, f"no tool named {tool_name!r} is configured")
+        existing = services.store.intent(key)
+        if existing is not None:
+            if existing.digest != digest or existing.session_id != self.session_id:
+                return self._refuse(tool_name, key, "this key was used for a different request")
+            services.metrics.tool_duplicates_prevented.labels(tool_name).inc()
+            receipt = services.store.receipt(key)
+            outcome = receipt.outcome if receipt and receipt.outcome in DEFINITIVE else "pending"
+            detail = dict(receipt.detail) if receipt else {}
+            self.post(ToolRefused(ToolResult(tool_name, key, outcome, detail, duplicate=True)))
+            return key
+        if tool.kind == "write" and tool.approval == "dtmf" and not approved:
+            return self._refuse(tool_name, key, "the caller has not confirmed it by key press")
+        services.faults.reached("before_intent_persist")
+        self._arguments[key] = arguments
+        try:
+            if tool.kind == "write" and tool.approval == "dtmf":
+                self.apply(sev.ApprovalGiven(f"{turn_id}:{digest[:16]}"))
+            self.apply(sev.ToolIntent(key, tool_name, tool.kind, digest, turn_id))
+        except GateClosed:
+            return self._refuse(tool_name, key, "side effects are frozen while the call recovers")
+        except IllegalTransition as exc:
+            return self._refuse(tool_name, key, exc.why)
+        # The ToolIntent step emitted SendToolRequest; its execution (send) happens in the same
+        # effects pass, right after this row is durable.
+        return key
+
+    def persist_intent(self, key: str, tool_name: str, kind: str, digest: str, turn: str) -> None:
+        services = self.services
+        try:
+            services.store.record_intent(
+                ToolIntent(
+                    idempotency_key=key,
+                    session_id=self.session_id,
+                    turn_id=turn,
+                    tool=tool_name,
+                    kind=kind,
+                    digest=digest,
+                    arguments=dict(self._arguments.get(key, {})),
+                    created_at=time.time(),
+                )
+            )
+        except IdempotencyConflict:
+            log.error("tool.key_conflict", extra={"session_id": self.session_id, "key": key})
+            raise
+        services.faults.reached("after_intent_persist")
+
+    def _refuse(self, tool_name: str, key: str, reason: str) -> str:
+        self.services.metrics.tool_calls.labels(tool_name, "refused").inc()
+        log.info(
+            "tool.refused",
+            extra={"session_id": self.session_id, "tool": tool_name, "reason": reason},
+        )
+        self.post(ToolRefused(ToolResult(tool_name, key, "refused", {"reason": reason})))
+        return key
+
+    # --- effects of the session machine -------------------------------------------------------
+
+    def send(self, key: str, tool_name: str) -> None:
+        """SendToolRequest: mark it sent (durably), then send it, once."""
+        services = self.services
+        tool = services.tools[tool_name]
+        services.faults.reached("before_request_send")
+        self.apply(sev.ToolRequestSent(key))
+        self._spawn(self._send(tool, key, dict(self._arguments.get(key, {}))))
+
+    async def _send(self, tool: ToolSettings, key: str, body: Mapping[str, Any]) -> None:
+        context = {"X-Voicegate-Session": self.session_id}
+        outcome = await self.services.tool_client.request(tool, key, body, context)
+        via = "request"
+        if outcome.outcome == "unknown":
+            # Never resend: ask what happened to this key.
+            outcome = await self._resolve(tool, key)
+            via = "status"
+        self.post(ToolDone(key, outcome, via))
+
+    def reconcile(self, keys: tuple[str, ...], tool_of: Callable[[str], str]) -> None:
+        """Reconcile effect: settle each outstanding key from a stored receipt or the provider."""
+        for key in keys:
+            receipt = self.services.store.receipt(key)
+            if receipt is not None and receipt.outcome in DEFINITIVE:
+                self.post(ToolDone(key, ToolOutcome(receipt.outcome, receipt.detail), "store"))
+                continue
+            tool = self.services.tools.get(tool_of(key))
+            if tool is None:
+                self.post(
+                    ToolDone(
+                        key,
+                        ToolOutcome("unknown", {"reason": "tool no longer configured"}),
+                        "status",
+                    )
+                )
+                continue
+            self._spawn(self._reconcile_one(tool, key))
+
+    async def _reconcile_one(self, tool: ToolSettings, key: str) -> None:
+        self.post(ToolDone(key, await self._resolve(tool, key), "status"))
+
+    async def _resolve(self, tool: ToolSettings, key: str) -> ToolOutcome:
+        services = self.services
+        outcome = await services.tool_client.resolve(
+            tool,
+            key,
+            attempts=services.status_attempts,
+            deadline_s=services.reconcile_timeout_s,
+            seed=key,
+        )
+        services.metrics.reconciliations.labels(outcome.outcome).inc()
+        return outcome
+
+    # --- back in the call's task ------------------------------------------------------------
+
+    def record(self, done: ToolDone, tool_name: str) -> ToolResult:
+        """Persist the receipt, then feed it to the session (which may end it needs_human)."""
+        services = self.services
+        services.faults.reached("before_receipt_persist")
+        services.store.record_receipt(
+            ToolReceipt(
+                idempotency_key=done.key,
+                outcome=done.outcome.outcome,
+                detail={**done.outcome.detail, "via": done.via},
+                at=time.time(),
+            )
+        )
+        services.faults.reached("after_receipt_persist")
+        self.receipts_seen += 1
+        services.metrics.tool_calls.labels(tool_name, done.outcome.outcome).inc()
+        self.apply(
+            sev.ToolReceipt(
+                done.key, done.outcome.outcome, str(done.outcome.detail.get("reason", ""))
+            )
+        )
+        return ToolResult(tool_name, done.key, done.outcome.outcome, dict(done.outcome.detail))
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def cancel(self) -> None:
+        for task in self._tasks:
+            task.cancel()
