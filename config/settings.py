@@ -182,7 +182,7 @@ class SessionSettings:
         ),
     )
     status_attempts: int = field(
-        default=5,
+        default=8,
         metadata=key(
             int_range(1, 20), "Status queries per outstanding intent (backoff with jitter)"
         ),

@@ -156,30 +156,29 @@ class Runtime:
     # --- lifecycle ------------------------------------------------------------------------------
 
     def _http_session(self) -> aiohttp.ClientSession:
-        # The two crash windows inside an HTTP exchange hook into aiohttp's tracing: the body
-        # has been written to the socket, and (for after_provider_commit) the provider's status
-        # endpoint already says committed while our response is still on its way.
+        # The two crash windows inside an HTTP exchange hook into aiohttp's tracing: the request
+        # body has been written to the socket; the provider's response has begun to arrive
+        # (it commits before it answers) but voicegate has not read or recorded it.
         trace = aiohttp.TraceConfig()
 
-        async def on_chunk_sent(
-            session: aiohttp.ClientSession,
-            ctx: object,
-            params: aiohttp.TraceRequestChunkSentParams,
-        ) -> None:
+        def is_tool_request(ctx: object) -> bool:
             request = getattr(ctx, "trace_request_ctx", None)
-            if not isinstance(request, dict) or "key" not in request:
-                return
-            self.faults.reached("after_request_send")
-            if self.faults.window == "after_provider_commit":
-                tool, key = request["tool"], request["key"]
-                deadline = time.monotonic() + 10
-                while time.monotonic() < deadline:
-                    async with session.get(tool.status_url(key)) as resp:
-                        if resp.status == 200 and (await resp.json()).get("status") == "committed":
-                            self.faults.reached("after_provider_commit")
-                    await asyncio.sleep(0.02)
+            return isinstance(request, dict) and "key" in request
+
+        async def on_chunk_sent(
+            session: aiohttp.ClientSession, ctx: object, params: object
+        ) -> None:
+            if is_tool_request(ctx):
+                self.faults.reached("after_request_send")
+
+        async def on_request_end(
+            session: aiohttp.ClientSession, ctx: object, params: object
+        ) -> None:
+            if is_tool_request(ctx):
+                self.faults.reached("after_provider_commit")
 
         trace.on_request_chunk_sent.append(on_chunk_sent)
+        trace.on_request_end.append(on_request_end)
         return aiohttp.ClientSession(trace_configs=[trace])
 
     def _count_reconciled(self, tool: str, outcome: str) -> None:

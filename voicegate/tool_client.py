@@ -135,7 +135,9 @@ class ToolClient:
                     return last
             except (StatusUnavailable, TimeoutError) as exc:
                 last = ToolOutcome("unknown", {"reason": str(exc) or "status query timed out"})
-            delay = rng.uniform(0, min(4.0, 0.25 * 2**attempt))
+            # "Equal jitter": at least half the backoff, so retries spread over the budget.
+            backoff = min(4.0, 0.25 * 2**attempt)
+            delay = rng.uniform(backoff / 2, backoff)
             if attempt + 1 >= attempts or loop.time() + delay >= deadline:
                 break
             await sleep(delay)

@@ -36,3 +36,11 @@ def server_factory(tmp_path: Path) -> Iterator[object]:
 @pytest.fixture
 def server(server_factory) -> Server:  # type: ignore[no-untyped-def]
     return server_factory()  # type: ignore[no-any-return]
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Print the crash-window suite's summary line when it ran."""
+    from tests.integration import test_crash_windows
+
+    if test_crash_windows.SUMMARY["windows"]:
+        terminalreporter.write_line(test_crash_windows.pytest_report_crash_summary())

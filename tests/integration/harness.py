@@ -311,3 +311,86 @@ def running_server(data_dir: Path, **env: str) -> Iterator[Server]:
         yield server
     finally:
         server.stop()
+
+
+@dataclass
+class Provider:
+    """The reference payment provider (``python -m providers.payments``) as a real process."""
+
+    data_dir: Path
+    flags: tuple[str, ...] = ()
+    port: int = 0
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Provider:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.port = self.port or free_port(udp_and_tcp=False)
+        self.log_path = self.data_dir / "payments.log"
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "providers.payments",
+                    "--host",
+                    LOOPBACK,
+                    "--port",
+                    str(self.port),
+                    "--db",
+                    str(self.data_dir / "ledger.sqlite3"),
+                    "--admin",
+                    *self.flags,
+                ],
+                stdout=subprocess.PIPE,
+                stderr=log,
+                cwd=ROOT,
+            )
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline().decode()
+        assert "listening on" in line, f"provider did not start: {line!r}"
+        return self
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}"
+
+    def tool_env(self, timeout_s: float = 2.0) -> dict[str, str]:
+        """Environment that points voicegate's built-in charge tool at this provider."""
+        return {
+            "VOICEGATE_TOOL_CHARGE_ENDPOINT": f"{self.url}/v1/charges",
+            "VOICEGATE_TOOL_CHARGE_STATUS_ENDPOINT": f"{self.url}/v1/charges/{{key}}",
+            "VOICEGATE_TOOL_CHARGE_TIMEOUT_S": str(timeout_s),
+        }
+
+    def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(
+            f"{self.url}{path}",
+            data=data,
+            method=method,
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return json.loads(response.read())
+
+    def ledger(self) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = self._call("GET", "/v1/ledger")["rows"]
+        return rows
+
+    def charges(self) -> list[dict[str, Any]]:
+        """Rows that moved money (not the not_started fences, not refusals)."""
+        return [row for row in self.ledger() if row["status"] == "committed"]
+
+    def set_faults(self, **faults: Any) -> None:
+        self._call("POST", "/admin/faults", faults)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=5)
+        if self.process is not None and self.process.stdout is not None:
+            self.process.stdout.close()

@@ -72,7 +72,7 @@ def defaults_in(cwd: Path) -> Settings:
             reap_after_s=120.0,
             heartbeat_s=5.0,
             reconcile_timeout_s=30.0,
-            status_attempts=5,
+            status_attempts=8,
             recovery_timeout_s=20.0,
             max_duration_s=3600.0,
         ),
