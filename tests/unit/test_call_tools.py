@@ -1,0 +1,110 @@
+"""CallTools against the real reference provider (in-process aiohttp server) and a real store:
+asking twice for the same intent gets the original outcome and sends one request."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestServer
+
+from config.tools import ToolSettings
+from providers.payments import create_app
+from session import effects as fx
+from session import events as sev
+from session.durable import DurableSession
+from session.store_sqlite import SqliteSessionStore
+from voicegate.call_tools import CallTools, ToolDone, ToolRefused
+from voicegate.faults import Faults
+from voicegate.metrics import Metrics
+from voicegate.tool_client import ToolClient
+
+
+@dataclass
+class Services:
+    store: SqliteSessionStore
+    tool_client: ToolClient
+    tools: Mapping[str, ToolSettings]
+    metrics: Metrics = field(default_factory=Metrics)
+    faults: Faults = field(default_factory=lambda: Faults(""))
+    reconcile_timeout_s: float = 5.0
+    status_attempts: int = 4
+
+
+@pytest.fixture
+async def provider(tmp_path: Path) -> AsyncIterator[TestServer]:
+    server = TestServer(create_app(tmp_path / "ledger.sqlite3"))
+    await server.start_server()
+    yield server
+    await server.close()
+
+
+async def test_the_same_intent_twice_is_one_charge_and_the_original_outcome(
+    tmp_path: Path, provider: TestServer
+) -> None:
+    base = str(provider.make_url(""))
+    tool = ToolSettings(
+        "charge", "write", f"{base}/v1/charges", f"{base}/v1/charges/{{key}}", 2.0, "dtmf"
+    )
+    store = SqliteSessionStore(tmp_path / "s.sqlite3")
+    async with aiohttp.ClientSession() as http:
+        services = Services(store, ToolClient(http), {"charge": tool})
+        session, _ = DurableSession.create(
+            store, "s1", owner="w/1", meta={}, offered=sev.CallOffered(), now=time.time()
+        )
+        queue: asyncio.Queue[object] = asyncio.Queue()
+
+        def apply(event: sev.Event) -> list[fx.Effect]:
+            effects = session.apply(event, time.time())
+            for effect in effects:  # what LiveCall does with SendToolRequest
+                if isinstance(effect, fx.SendToolRequest):
+                    intent = next(o for o in session.state.outstanding if o.key == effect.key)
+                    tools.persist_intent(
+                        intent.key, intent.tool, intent.kind, intent.digest, intent.turn_id
+                    )
+                    tools.send(intent.key, intent.tool)
+            return effects
+
+        tools = CallTools(
+            "s1", services, apply=apply, post=queue.put_nowait, current_turn=lambda: "t1"
+        )
+        apply(sev.CallAnswered())
+        apply(sev.TurnStarted("t1"))
+        apply(sev.TurnCommitted("t1"))
+        args: dict[str, Any] = {"amount_cents": 250, "currency": "EUR", "account": "a1"}
+
+        # Without the caller's key press a dtmf-approved write is refused, nothing sent.
+        tools.request("charge", args, None, approved=False)
+        refused = await asyncio.wait_for(queue.get(), 5)
+        assert isinstance(refused, ToolRefused) and refused.result.outcome == "refused"
+
+        key = tools.request("charge", args, None, approved=True)
+        done = await asyncio.wait_for(queue.get(), 5)
+        assert isinstance(done, ToolDone) and done.outcome.outcome == "committed"
+        first = tools.record(done, "charge")
+
+        # The agent asks again for the same thing (same tool, arguments, session, turn).
+        again = tools.request("charge", args, None, approved=True)
+        duplicate = await asyncio.wait_for(queue.get(), 5)
+        assert again == key
+        assert isinstance(duplicate, ToolRefused)
+        assert duplicate.result.duplicate and duplicate.result.outcome == "committed"
+        assert duplicate.result.detail["charge_id"] == first.detail["charge_id"]
+
+        # A different request under the same key is refused with a clear reason.
+        tools.request("charge", {**args, "amount_cents": 999}, key, approved=True)
+        conflict = await asyncio.wait_for(queue.get(), 5)
+        assert isinstance(conflict, ToolRefused) and conflict.result.outcome == "refused"
+        assert "different request" in conflict.result.detail["reason"]
+
+        async with http.get(f"{base}/v1/ledger") as resp:
+            rows = (await resp.json())["rows"]
+        assert [(r["key"], r["status"]) for r in rows] == [(key, "committed")]
+        assert services.metrics.tool_duplicates_prevented.labels("charge")._value.get() == 1
+    store.close()
