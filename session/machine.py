@@ -79,8 +79,8 @@ def retry_delay(session_id: str, generation: int, attempt: int, policy: Policy) 
     """Exponential backoff with full jitter, seeded so replays and tests are deterministic."""
     ceiling = min(policy.retry_cap_s, policy.retry_base_s * (2**attempt))
     rng = random.Random(f"{session_id}/{generation}/{attempt}")
-    floor = policy.retry_base_s / 2
-    return float(floor + rng.random() * max(0.0, ceiling - floor))
+    floor = min(policy.retry_base_s / 2, ceiling)
+    return float(floor + rng.random() * (ceiling - floor))
 
 
 def _stale(event: ev.Event, why: str) -> Effects:
@@ -196,8 +196,8 @@ def _terminate(
     say: str | None = None,
 ) -> SessionState:
     """End the session with the effects seed 000 lists for a timeout, in this order."""
-    if state.turn is not None or state.response is not None:
-        out.append(fx.StopGeneration())
+    if state.turn is not None and state.response is None:
+        out.append(fx.StopGeneration())  # with a response, _cut_playback says it
     in_flight = tuple(o.key for o in state.outstanding if o.stage == "sent")
     if in_flight:
         out.append(fx.CancelToolCalls(in_flight))
@@ -577,6 +577,8 @@ def _on_deadline_fired(state: SessionState, event: ev.DeadlineFired, now: float)
     deadline = state.deadlines.get(event.name)
     if deadline is None or deadline.generation != event.generation:
         return state, _stale(event, f"no current deadline {event.name}/{event.generation}")
+    if event.name == RETRY:
+        return state, _stale(event, "retries arrive as recovery_retry_due")
     out: Effects = []
     state = replace(state, deadlines={k: v for k, v in state.deadlines.items() if k != event.name})
     caller_present = state.signaling in _ACTIVE
@@ -622,8 +624,6 @@ def _on_deadline_fired(state: SessionState, event: ev.DeadlineFired, now: float)
             ),
             out,
         )
-    if event.name == RETRY:
-        return state, _stale(event, "retries arrive as recovery_retry_due")
     raise IllegalTransition(state, event, f"unknown deadline {event.name!r}")
 
 
@@ -636,6 +636,10 @@ def _on_recovery_retry_due(state: SessionState, event: ev.RecoveryRetryDue, now:
         return state, _stale(
             event, f"attempt {event.attempt} is not the current {recovery.attempt}"
         )
+    scheduled = state.deadlines.get(RETRY)
+    if scheduled is None or scheduled.generation != recovery.generation:
+        # The budget (retry_max_attempts, the deadline) scheduled no such retry.
+        return state, _stale(event, f"no retry is scheduled for attempt {event.attempt}")
     out: Effects = [
         fx.AttemptRecovery(recovery.generation, recovery.attempt, recovery.interruptions)
     ]
@@ -658,10 +662,10 @@ def _on_operator_resolution(
         raise IllegalTransition(
             state, event, f"{event.terminal_state!r} is no terminal state"
         ) from None
-    if terminal in (Terminal.COMPLETED, Terminal.CANCELED) and any(
-        o.stage == "unknown" for o in state.outstanding
-    ):
-        raise IllegalTransition(state, event, "unknown tool outcomes forbid completed/canceled")
+    if terminal.value not in state.acceptable_terminal_states():
+        raise IllegalTransition(
+            state, event, f"{_unknown_outcomes(state)} forbid ending {terminal.value}"
+        )
     out: Effects = []
     caller_present = state.signaling in _ACTIVE
     reason = f"resolved by an operator: {event.note}" if event.note else "resolved by an operator"
@@ -672,6 +676,8 @@ def _on_operator_resolution(
 
 
 def _on_owner_lost(state: SessionState, event: ev.OwnerLost, now: float) -> Result:
+    if state.agent_link is AgentLink.CLOSED and state.signaling is Signaling.GONE:
+        raise IllegalTransition(state, event, "the owner is already known to be lost")
     out: Effects = []
     if state.turn is not None or state.response is not None:
         out.append(fx.StopGeneration())
@@ -749,6 +755,11 @@ _HANDLERS: dict[type[ev.Event], _Handler] = {
 }
 
 
+# A session row can exist without its first event (a crash between the two writes): only the
+# offer, and the endings an operator or the reaper give, apply to it.
+_BEFORE_OFFER = (ev.CallOffered, ev.SessionReaped, ev.OperatorResolution)
+
+
 def step(state: SessionState, event: ev.Event, now: float) -> Result:
     """Fold one event into ``state``. Pure: the same inputs always give the same outputs."""
     if state.ended is not None:
@@ -756,6 +767,8 @@ def step(state: SessionState, event: ev.Event, now: float) -> Result:
     handler = _HANDLERS.get(type(event))
     if handler is None:
         raise IllegalTransition(state, event, "no transition handles this event")
+    if state.signaling is Signaling.NONE and not isinstance(event, _BEFORE_OFFER):
+        raise IllegalTransition(state, event, "the call has not been offered")
     new, out = handler(state, event, now)
     # Every accepted event is a step of the log, except stale ones and audio chunks (which change
     # nothing and would flood it); the runtime persists exactly the events that moved ``version``.
