@@ -63,7 +63,14 @@ class CallControl(Protocol):
         """Queue a named prompt of the agent's prompt library, resampled to the call's rate."""
 
     def stop_playback(self) -> None:
-        """Drop everything queued and not yet sent to the caller."""
+        """Cut the response being played: nothing more of it reaches the caller, and the
+        session records how many milliseconds were heard."""
+
+    def mark(self, mark_id: str) -> bool:
+        """Place a mark after the audio queued so far; :meth:`Agent.on_mark` is called when the
+        caller has heard it (the frame carrying its end left the media bridge). False when no
+        response is open."""
+        ...
 
     def hangup(self, reason: str, *, after_playout: bool = True) -> None:
         """End the call (BYE), by default once the queued audio has been heard."""
@@ -94,6 +101,15 @@ class Agent:
 
     async def on_audio(self, frame: Frame) -> None:
         """20 ms of caller audio at the call's rate."""
+
+    async def on_speech_started(self) -> None:
+        """The caller started speaking (VAD onset). A response playing may be cut by barge-in."""
+
+    async def on_speech_turn(self, duration_ms: int) -> None:
+        """The caller spoke for ``duration_ms`` and stopped: a committed caller turn."""
+
+    async def on_mark(self, mark_id: str) -> None:
+        """The caller has heard the audio up to this mark."""
 
     async def on_tool_result(self, result: ToolResult) -> None:
         """A tool request finished, was refused, or was a duplicate."""

@@ -3,7 +3,8 @@
 Menu (prompt ``menu``): 1 collects digits until ``#`` and reads them back; 2 takes a payment
 through the configured ``charge`` tool (amount in cents, ``#``, then 1 to pay or ``*`` to cancel,
 and the outcome read back); 3 (a person) is a placeholder; 9 says goodbye and ends the call;
-``*`` repeats the menu. A key press cuts off whatever prompt is playing, as callers expect of IVRs.
+``*`` repeats the menu. A key press or the caller's speech cuts off whatever prompt is playing
+(barge-in), and after the caller has spoken the menu is offered again.
 The digits themselves are never logged: in a payment flow they would be card numbers.
 """
 
@@ -146,6 +147,12 @@ class DemoAgent(Agent):
         self.mode = _Mode.MENU
         self._amount = ""
         self.call.play_prompt("payment_canceled")
+
+    async def on_speech_turn(self, duration_ms: int) -> None:
+        # The demo understands keys, not words: after the caller has spoken (and perhaps cut a
+        # prompt short by barge-in), it offers the menu again.
+        if self.mode is _Mode.MENU and duration_ms >= 300:
+            self.call.play_prompt("menu")
 
     async def on_tool_result(self, result: ToolResult) -> None:
         if result.tool != PAYMENT_TOOL or self.mode is not _Mode.PAYING:

@@ -8,6 +8,7 @@ from config.loader import load_settings
 from config.reference import render_reference
 from config.settings import (
     AgentSettings,
+    AudioSettings,
     HttpSettings,
     LogSettings,
     MediaSettings,
@@ -19,6 +20,7 @@ from config.settings import (
 
 __all__ = [
     "AgentSettings",
+    "AudioSettings",
     "ConfigError",
     "HttpSettings",
     "LogSettings",

@@ -137,6 +137,49 @@ class MediaSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class AudioSettings:
+    agent_rate: int = field(
+        default=16000,
+        metadata=key(int_choice(8000, 16000), "Sample rate of the audio agents receive, in Hz"),
+    )
+    vad_aggressiveness: int = field(
+        default=2,
+        metadata=key(
+            int_range(0, 3), "webrtcvad aggressiveness: 0 hears most speech, 3 least noise"
+        ),
+    )
+    vad_frame_ms: int = field(
+        default=20, metadata=key(int_choice(10, 20, 30), "Frame length webrtcvad classifies, in ms")
+    )
+    vad_onset_ms: int = field(
+        default=60,
+        metadata=key(int_range(10, 2000), "Speech needed before speech counts as started, in ms"),
+    )
+    vad_hangover_ms: int = field(
+        default=300,
+        metadata=key(int_range(20, 5000), "Silence needed before speech counts as stopped, in ms"),
+    )
+    barge_in: bool = field(
+        default=True,
+        metadata=key(boolean(), "Caller speech during a response interrupts it"),
+    )
+    barge_in_min_speech_ms: int = field(
+        default=120,
+        metadata=key(
+            int_range(0, 10000),
+            "Speech that must last this long before it interrupts (a cough does not)",
+        ),
+    )
+    barge_in_dtmf: bool = field(
+        default=True, metadata=key(boolean(), "A key press during a response interrupts it")
+    )
+    playout_max_s: float = field(
+        default=60.0,
+        metadata=key(float_range(1, 600), "Most audio one call may have queued for the caller"),
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class HttpSettings:
     address: str = field(
         default="127.0.0.1", metadata=key(_ADDRESS, "Address of the control API and /metrics")
@@ -245,6 +288,7 @@ class Settings:
 
     sip: SipSettings = field(default_factory=SipSettings)
     media: MediaSettings = field(default_factory=MediaSettings)
+    audio: AudioSettings = field(default_factory=AudioSettings)
     http: HttpSettings = field(default_factory=HttpSettings)
     storage: StorageSettings = field(default_factory=StorageSettings)
     session: SessionSettings = field(default_factory=SessionSettings)

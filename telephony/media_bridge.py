@@ -13,6 +13,7 @@ from typing import Any
 
 import pjsua2 as pj
 
+from audio.playout import Playout
 from telephony.frame_copy import Copier
 
 FRAME_MS = 20
@@ -27,41 +28,26 @@ class MediaChannel:
     """The asyncio-facing half of a call's media: plain Python, no pjsua2 object.
 
     ``inbound`` keeps at most ``inbound_frames`` frames of caller audio; if asyncio falls that far
-    behind, the oldest are dropped and counted rather than growing without bound. ``outbound`` is
-    filled by the playout owner on the asyncio side, which bounds it; an empty queue plays silence
-    (counted as an underrun only when it runs dry after playing something).
+    behind, the oldest are dropped and counted rather than growing without bound. ``playout`` is
+    the call's outbound buffer (audio.playout): agent audio tagged with its response and playback
+    generation, one frame pulled per media tick, silence when empty, never a stale frame.
 
     Keeping this apart from :class:`MediaBridge` means asyncio never holds a pjsua2 object: a port
     collected after ``libDestroy`` aborts the process, so only the SIP thread owns ports.
     """
 
-    __slots__ = (
-        "_was_playing",
-        "frame_size",
-        "inbound",
-        "outbound",
-        "rate",
-        "rx_frames",
-        "rx_overflow",
-        "silence",
-        "tx_audio_frames",
-        "tx_frames",
-        "tx_underruns",
-    )
+    __slots__ = ("frame_size", "inbound", "playout", "rate", "rx_frames", "rx_overflow")
 
-    def __init__(self, rate: int, inbound_frames: int = 50) -> None:
+    def __init__(
+        self, rate: int, inbound_frames: int = 50, *, playout: Playout | None = None
+    ) -> None:
         self.rate = rate
         self.frame_size = frame_bytes(rate)
-        self.silence = bytes(self.frame_size)
         self.inbound: deque[bytes] = deque(maxlen=inbound_frames)
-        self.outbound: deque[bytes] = deque()
+        self.playout = playout or Playout(rate)
         # Written only by the media thread; read (racily but safely) by others.
         self.rx_frames = 0
         self.rx_overflow = 0
-        self.tx_frames = 0
-        self.tx_audio_frames = 0
-        self.tx_underruns = 0
-        self._was_playing = False
 
     def push_inbound(self, data: bytes) -> None:
         inbound = self.inbound
@@ -69,20 +55,6 @@ class MediaChannel:
             self.rx_overflow += 1
         inbound.append(data)
         self.rx_frames += 1
-
-    def pull_outbound(self) -> bytes:
-        """The next frame for the caller, or silence. O(1), never blocks."""
-        self.tx_frames += 1
-        try:
-            data = self.outbound.popleft()
-        except IndexError:
-            if self._was_playing:
-                self.tx_underruns += 1
-                self._was_playing = False
-            return self.silence
-        self.tx_audio_frames += 1
-        self._was_playing = True
-        return data
 
 
 class MediaBridge(pj.AudioMediaPort):  # type: ignore[misc]
@@ -96,7 +68,7 @@ class MediaBridge(pj.AudioMediaPort):  # type: ignore[misc]
         self._read = copier.read
         self._write = copier.write
         self._push = channel.push_inbound
-        self._pull = channel.pull_outbound
+        self._pull = channel.playout.pull
 
     def create(self) -> None:
         """Register the port with the conference bridge. Call on the SIP thread."""

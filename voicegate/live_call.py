@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -19,7 +20,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 from agents.base import Agent, AgentFactory, CallContext, ToolResult
-from audio.frame import Frame
+from audio.barge_in import BargeIn, BargeInConfig, latency_ms, onset_ns
+from audio.inbound import InboundPipeline
+from audio.playout import MarkHeard, ResponseDrained
+from audio.vad import SpeechStarted, SpeechStopped, VadConfig
 from session import effects as fx
 from session import events as sev
 from session.durable import DurableSession
@@ -88,6 +92,8 @@ class CallServices(ToolServices, Protocol):
 
     def policy(self) -> dict[str, float]: ...
 
+    def audio_settings(self) -> tuple[int, VadConfig, BargeInConfig]: ...
+
     def record_effects(self, effects: list[fx.Effect]) -> None: ...
 
 
@@ -119,7 +125,16 @@ class LiveCall:
         self._turns = 0
         self._responses = 0
         self._response_id: str | None = None
-        self._response_tx_start = 0
+        self._response_open = False
+        self._says = 0
+        agent_rate, vad, barge = services.audio_settings()
+        self._agent_rate = agent_rate
+        self._vad_config = vad
+        self._barge = BargeIn(barge)
+        self._inbound: InboundPipeline | None = None
+        self._stale_seen = 0
+        self._speech_turn: str | None = None
+        self._speech_onset_ms = 0.0
         self._hangup: HangupPlan | None = None
         self._hangup_waiting_since: float | None = None
         self._in_dtmf = False
@@ -176,16 +191,12 @@ class LiveCall:
         channel = self.channel
         if channel is None or self.phase is not CallPhase.ANSWERED or self._hangup is not None:
             return
-        if self._response_id is None and not self._start_response():
+        if not self._response_open and not self._start_response():
             return
-        pcm = np.ascontiguousarray(samples, dtype="<i2").tobytes()
-        size = channel.frame_size
-        if len(pcm) % size:
-            pcm += bytes(size - len(pcm) % size)
-        frames = len(pcm) // size
-        if len(channel.outbound) + frames > MAX_PLAYOUT_S * 1000 // FRAME_MS:
-            raise PlayoutFull(f"call {self.call_id}: playout would exceed {MAX_PLAYOUT_S} s")
-        channel.outbound.extend(pcm[i : i + size] for i in range(0, len(pcm), size))
+        assert self._response_id is not None and self.session is not None
+        generation = self.session.state.playback_generation
+        # Admission checks the generation: a chunk of an older one never enters the queue.
+        channel.playout.admit(self._response_id, generation, np.asarray(samples, dtype=np.int16))
         if self.tools.receipts_seen:
             # Seed 000's last crash window: response audio buffered for playout after a receipt.
             self._services.faults.reached("during_playout")
@@ -193,12 +204,30 @@ class LiveCall:
     def play_prompt(self, name: str) -> None:
         self.play(self._services.prompt(name, self.rate))
 
+    def mark(self, mark_id: str) -> bool:
+        """Place a mark after the audio queued so far; ``Agent.on_mark`` says when it was heard."""
+        if self.channel is None or not self._response_open or self._response_id is None:
+            return False
+        return self.channel.playout.mark(self._response_id, mark_id)
+
     def stop_playback(self) -> None:
-        if self._response_id is not None:
-            self._apply(sev.ResponseInterrupted(self._response_id, self._heard_ms()))
-            self._response_id = None
-        elif self.channel is not None:
-            self.channel.outbound.clear()
+        self._interrupt_response()
+
+    def _interrupt_response(self) -> int | None:
+        """Cut the active response at once; the session records how much the caller heard."""
+        response_id, channel, session = self._response_id, self.channel, self.session
+        if response_id is None or channel is None or session is None:
+            return None
+        playout = channel.playout
+        # Stop the audio first (the cut is exact), then make it durable: no frame of the old
+        # generation leaves the bridge while the log is written.
+        cut = playout.interrupt(max(playout.generation, session.state.playback_generation) + 1)
+        heard = next((c.heard_ms for c in cut if c.response_id == response_id), None)
+        if heard is None:
+            heard = playout.heard_ms(response_id)
+        self._response_id, self._response_open = None, False
+        self._try(sev.ResponseInterrupted(response_id, heard))
+        return heard
 
     def hangup(self, reason: str, *, after_playout: bool = True) -> None:
         self.end(HangupPlan("completed", reason), after_playout=after_playout)
@@ -223,12 +252,17 @@ class LiveCall:
             return
         if self._hangup is None:
             self._hangup = plan
-        channel = self.channel
-        if after_playout and self.phase is CallPhase.ANSWERED and channel and channel.outbound:
+        if after_playout and self.phase is CallPhase.ANSWERED and self._still_playing():
             if self._hangup_waiting_since is None:
                 self._hangup_waiting_since = asyncio.get_running_loop().time()
             return
         self._hang_up_now(status)
+
+    def _still_playing(self) -> bool:
+        channel = self.channel
+        return channel is not None and (
+            channel.playout.queued_ms > 0 or channel.playout.playing is not None
+        )
 
     def _hang_up_now(self, status: int = 603) -> None:
         assert self._hangup is not None
@@ -274,16 +308,19 @@ class LiveCall:
         said = any(isinstance(effect, fx.Say) for effect in effects)
         for effect in effects:
             match effect:
-                case fx.ClearPlayout() | fx.CancelResponse():
+                case fx.ClearPlayout(generation=generation):
+                    if self.channel is not None and generation > self.channel.playout.generation:
+                        self.channel.playout.interrupt(generation)
+                    self._response_id, self._response_open = None, False
+                case fx.BindResponse(response_id=response_id, generation=generation):
                     if self.channel is not None:
-                        self.channel.outbound.clear()
-                    self._response_id = None
+                        self.channel.playout.begin(response_id, generation)
                 case fx.Say(prompt=prompt):
                     self._say(prompt)
                 case fx.HangUp(reason=reason):
                     if self.phase not in (CallPhase.ENDING, CallPhase.ENDED):
                         self._hangup = self._hangup or HangupPlan("canceled", reason)
-                        if said and self.channel is not None and self.channel.outbound:
+                        if said and self._still_playing():
                             # The prompt this step queued (Say) is heard before the BYE.
                             self._hangup_waiting_since = asyncio.get_running_loop().time()
                         else:
@@ -324,14 +361,19 @@ class LiveCall:
         return intent.tool if intent else ""
 
     def _say(self, prompt: str) -> None:
+        """A line the session machine wants the caller to hear (not an agent response)."""
         channel = self.channel
         if channel is None or self.phase is not CallPhase.ANSWERED:
             return
-        pcm = self._services.prompt(prompt, channel.rate)
-        data = np.ascontiguousarray(pcm, dtype="<i2").tobytes()
-        size = channel.frame_size
-        data += bytes(-len(data) % size)
-        channel.outbound.extend(data[i : i + size] for i in range(0, len(data), size))
+        playout = channel.playout
+        if self._response_open and self._response_id is not None:
+            playout.finish(self._response_id)
+            self._response_open = False
+        self._says += 1
+        say_id = f"say{self._says}"
+        playout.begin(say_id, playout.generation)
+        playout.admit(say_id, playout.generation, self._services.prompt(prompt, channel.rate))
+        playout.finish(say_id)
 
     def _arm(self, name: str, due: float, generation: int, attempt: int) -> None:
         previous = self._timers.pop(name, None)
@@ -343,20 +385,23 @@ class LiveCall:
         )
 
     def _start_response(self) -> bool:
+        """Open a new response; a finished one still draining is recorded as finished first."""
+        if self._response_id is not None:
+            self._close_response(self._response_id)
         self._responses += 1
         response_id = f"r{self._responses}"
         state = self.session.state if self.session else None
         turn_id = state.turn.turn_id if state and state.turn else ""
+        # Its BindResponse effect opens the response in the playout, in the current generation.
         if not self._try(sev.ResponseStarted(response_id, turn_id)):
             return False
-        self._response_id = response_id
-        self._response_tx_start = self.channel.tx_audio_frames if self.channel else 0
+        self._response_id, self._response_open = response_id, True
         return True
 
-    def _heard_ms(self) -> int:
-        if self.channel is None:
-            return 0
-        return (self.channel.tx_audio_frames - self._response_tx_start) * FRAME_MS
+    def _close_response(self, response_id: str) -> None:
+        heard = self.channel.playout.heard_ms(response_id) if self.channel else 0
+        self._response_id, self._response_open = None, False
+        self._try(sev.ResponseFinished(response_id, heard))
 
     # --- the task -------------------------------------------------------------------------------
 
@@ -419,6 +464,11 @@ class LiveCall:
             case ev.MediaReady(codec=codec, channel=channel):
                 self.codec = codec
                 self.channel = channel
+                # A new media channel (a re-INVITE changed the codec) starts at generation 0:
+                # bring it to the session's, so nothing older can be admitted.
+                state = self.session.state if self.session else None
+                if state is not None and channel.playout.generation < state.playback_generation:
+                    channel.playout.interrupt(state.playback_generation)
                 log.info(
                     "call.media",
                     extra={"call_id": self.call_id, "codec": codec, "rate": channel.rate},
@@ -457,6 +507,18 @@ class LiveCall:
     async def _on_dtmf(self, digit: str) -> None:
         if self.agent is None or self.phase is not CallPhase.ANSWERED or self._hangup is not None:
             return
+        channel = self.channel
+        if channel is not None:
+            # DTMF barge-in (audio.barge_in_dtmf): the key cuts the response before the agent
+            # even sees it.
+            now_ts = self._frames_in * (channel.frame_size // 2)
+            decision = self._barge.on_dtmf(now_ts, channel.playout.playing)
+            if decision is not None and decision.response_id == self._response_id:
+                self._barge_in("dtmf", decision.onset_timestamp, decision.onset_timestamp)
+        if self._speech_turn is not None:
+            # The caller pressed a key: whatever they were saying is a finished turn.
+            speech_turn, self._speech_turn = self._speech_turn, None
+            self._try(sev.TurnCommitted(speech_turn))
         # A key press is a whole caller turn: started and committed at once.
         self._turns += 1
         turn_id = f"t{self._turns}"
@@ -489,21 +551,94 @@ class LiveCall:
         channel = self.channel
         if channel is None:
             return
-        inbound = channel.inbound
-        samples_per_frame = channel.frame_size // 2
-        while inbound:
-            data = inbound.popleft()
-            frame = Frame.from_pcm_bytes(data, channel.rate, self._frames_in * samples_per_frame)
-            self._frames_in += 1
-            if self.agent is not None and self.phase is CallPhase.ANSWERED:
-                await self.agent.on_audio(frame)
-        if self._response_id is not None and not channel.outbound:
-            response_id, self._response_id = self._response_id, None
-            self._try(sev.ResponseFinished(response_id, self._heard_ms()))
+        await self._drain_inbound(channel)
+        playout = channel.playout
+        metrics = self._services.metrics
+        if playout.stale_dropped_frames != self._stale_seen:
+            metrics.stale_frames.inc(playout.stale_dropped_frames - self._stale_seen)
+            self._stale_seen = playout.stale_dropped_frames
+        # A response whose audio has all been queued and pulled is done: finish it (the last
+        # partial frame is padded) and record it once it has drained.
+        if self._response_open and self._response_id and playout.queued_ms == 0:
+            playout.finish(self._response_id)
+            self._response_open = False
+        for event in playout.poll():
+            match event:
+                case MarkHeard(mark_id=mark_id):
+                    if self.agent is not None and self.phase is CallPhase.ANSWERED:
+                        await self.agent.on_mark(mark_id)
+                case ResponseDrained(response_id=response_id, heard_ms=heard_ms):
+                    if response_id == self._response_id and not self._response_open:
+                        self._response_id = None
+                        self._try(sev.ResponseFinished(response_id, heard_ms))
         if self._hangup_waiting_since is not None and self.phase is CallPhase.ANSWERED:
             waited = asyncio.get_running_loop().time() - self._hangup_waiting_since
-            if not channel.outbound or waited > MAX_HANGUP_WAIT_S:
+            if not self._still_playing() or waited > MAX_HANGUP_WAIT_S:
                 self._hang_up_now()
+
+    async def _drain_inbound(self, channel: MediaChannel) -> None:
+        """Caller audio: VAD and barge-in at the call's rate, then the agent's frames."""
+        inbound = channel.inbound
+        if not inbound:
+            return
+        pipeline = self._inbound
+        if pipeline is None or pipeline.call_rate != channel.rate:
+            pipeline = self._inbound = InboundPipeline(
+                channel.rate, self._agent_rate, self._vad_config
+            )
+        metrics = self._services.metrics
+        samples_per_frame = channel.frame_size // 2
+        answered = self.agent is not None and self.phase is CallPhase.ANSWERED
+        while inbound:
+            data = inbound.popleft()
+            timestamp = self._frames_in * samples_per_frame
+            self._frames_in += 1
+            spent = pipeline.total_ns
+            result = pipeline.process(data, timestamp)
+            metrics.frame_pipeline.observe((pipeline.total_ns - spent) / 1e9)
+            if not answered:
+                continue
+            decision = self._barge.on_frame(
+                result.vad_event, result.speech_ms, channel.playout.playing
+            )
+            if decision is not None and decision.response_id == self._response_id:
+                self._barge_in("speech", decision.onset_timestamp, timestamp + samples_per_frame)
+            await self._on_vad(result.vad_event)
+            if self.agent is not None:
+                await self.agent.on_audio(result.frame_for_agent)
+
+    def _barge_in(self, reason: str, onset: int, detected_at: int) -> None:
+        assert self.channel is not None
+        detected_ns = time.monotonic_ns()
+        heard = self._interrupt_response()
+        if heard is None:
+            return
+        metrics = self._services.metrics
+        metrics.barge_ins.labels(reason).inc()
+        if reason == "speech":
+            started = onset_ns(detected_ns, onset, detected_at, self.channel.rate)
+            latency = latency_ms(started, self.channel.playout.last_audio_pull_ns)
+            metrics.barge_in_latency.observe(latency / 1000)
+        log.info(
+            "call.barge_in",
+            extra={"call_id": self.call_id, "reason": reason, "heard_ms": heard},
+        )
+
+    async def _on_vad(self, event: SpeechStarted | SpeechStopped | None) -> None:
+        """Caller speech is a caller turn: started at onset, committed when it stops."""
+        if event is None or self.agent is None:
+            return
+        if isinstance(event, SpeechStarted):
+            self._turns += 1
+            turn_id = f"t{self._turns}"
+            if self._try(sev.TurnStarted(turn_id)):
+                self._speech_turn = turn_id
+            self._speech_onset_ms = event.timestamp_ms
+            await self.agent.on_speech_started()
+        elif self._speech_turn is not None:
+            turn_id, self._speech_turn = self._speech_turn, None
+            if self._try(sev.TurnCommitted(turn_id)):
+                await self.agent.on_speech_turn(round(event.timestamp_ms - self._speech_onset_ms))
 
     async def _on_ended(self, ended: ev.CallEnded) -> None:
         session = self.session
@@ -539,10 +674,12 @@ class LiveCall:
         if ended is not None:
             services.metrics.calls.labels(ended.terminal_state).inc()
         if self.channel is not None:
+            playout = self.channel.playout
             services.metrics.media_frames.labels("in").inc(self.channel.rx_frames)
-            services.metrics.media_frames.labels("out").inc(self.channel.tx_audio_frames)
-            services.metrics.playout_underruns.inc(self.channel.tx_underruns)
-            self.channel.outbound.clear()
+            services.metrics.media_frames.labels("out").inc(playout.audio_frames)
+            services.metrics.playout_underruns.inc(playout.underruns)
+            if self._response_id is not None or playout.playing is not None:
+                playout.interrupt(playout.generation + 1)
         log.info(
             "call.ended",
             extra={

@@ -102,6 +102,30 @@ class Metrics:
             ["event"],
             registry=r,
         )
+        self.stale_frames = Counter(
+            "voicegate_stale_frames_dropped_total",
+            "20 ms frames of audio refused at playout admission: an older generation, or a "
+            "response already interrupted or finished",
+            registry=r,
+        )
+        self.barge_ins = Counter(
+            "voicegate_barge_ins_total",
+            "Responses interrupted by the caller, by speech or DTMF",
+            ["reason"],
+            registry=r,
+        )
+        self.barge_in_latency = Histogram(
+            "voicegate_barge_in_latency_seconds",
+            "From the caller's speech onset to the end of the last agent frame sent",
+            buckets=(0.02, 0.04, 0.06, 0.08, 0.1, 0.12, 0.15, 0.2, 0.3, 0.5, 1.0),
+            registry=r,
+        )
+        self.frame_pipeline = Histogram(
+            "voicegate_frame_pipeline_seconds",
+            "CPU time of the inbound pipeline (VAD, resampling) per 20 ms caller frame",
+            buckets=(5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 5e-3),
+            registry=r,
+        )
         self.tool_calls = Counter(
             "voicegate_tool_calls_total",
             "Tool calls by tool and outcome (committed, failed, not_started, unknown, refused)",

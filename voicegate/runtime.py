@@ -22,7 +22,9 @@ from numpy.typing import NDArray
 
 from agents.base import AgentFactory
 from agents.demo import DemoAgent
+from audio.barge_in import BargeInConfig
 from audio.prompts import PromptLibrary, default_prompts_dir
+from audio.vad import VadConfig
 from config import Settings
 from config.tools import ToolSettings
 from session import effects as fx
@@ -116,6 +118,19 @@ class Runtime:
 
     def prompt(self, name: str, rate: int) -> NDArray[np.int16]:
         return self._prompts.get(name, rate)
+
+    def audio_settings(self) -> tuple[int, VadConfig, BargeInConfig]:
+        a = self.settings.audio
+        vad = VadConfig(
+            aggressiveness=a.vad_aggressiveness,
+            frame_ms=a.vad_frame_ms,
+            onset_ms=a.vad_onset_ms,
+            hangover_ms=a.vad_hangover_ms,
+        )
+        barge = BargeInConfig(
+            enabled=a.barge_in, min_speech_ms=a.barge_in_min_speech_ms, dtmf=a.barge_in_dtmf
+        )
+        return a.agent_rate, vad, barge
 
     def policy(self) -> dict[str, float]:
         s = self.settings.session

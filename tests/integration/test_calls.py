@@ -47,9 +47,13 @@ def test_speech_and_dtmf_call_is_answered_listed_and_recorded(
     types = _types(session)
     assert types[:2] == ["call_offered", "call_answered"]
     assert types[-1] == "caller_hangup"
-    # Four key presses, each a committed caller turn; the greeting and read-backs are responses.
-    assert types.count("turn_committed") == 4
+    # The caller's speech (one VAD turn) and four key presses are committed caller turns; the
+    # greeting and read-backs are responses, and the speech barged in on the greeting.
+    assert types.count("turn_committed") == 5
     assert "response_started" in types
+    first_cut = next(e for e in session["events"] if e["type"] == "response_interrupted")
+    assert 0 < first_cut["payload"]["heard_ms"] < 3000
+    assert server.metric("voicegate_barge_ins_total", reason="speech") == 1
     assert [e["seq"] for e in session["events"]] == list(range(1, len(types) + 1))
     assert server.metric("voicegate_calls_total", outcome="completed") == 1
     assert server.metric("voicegate_sessions_ended_total", terminal_state="completed") == 1

@@ -169,9 +169,11 @@ def test_every_prompt_the_session_machine_can_say_is_shipped() -> None:
     import session.machine
 
     source = Path(session.machine.__file__).read_text()
-    said = set(re.findall(r'Say\("([a-z_]+)"\)', source)) | set(
-        re.findall(r'say="([a-z_]+)"', source)
-    ) | set(re.findall(r'"(outcome_unknown|timed_out)"', source))
+    said = (
+        set(re.findall(r'Say\("([a-z_]+)"\)', source))
+        | set(re.findall(r'say="([a-z_]+)"', source))
+        | set(re.findall(r'"(outcome_unknown|timed_out)"', source))
+    )
     assert {"reconnecting", "timed_out", "outcome_unknown"} <= said
     library = PromptLibrary(default_prompts_dir())
     missing = [name for name in said if name not in library]

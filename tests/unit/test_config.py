@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 import config
 from config import (
     AgentSettings,
+    AudioSettings,
     ConfigError,
     HttpSettings,
     LogSettings,
@@ -64,6 +65,17 @@ def defaults_in(cwd: Path) -> Settings:
             codecs=("PCMU", "PCMA", "G722"),
             clock_rate=16000,
             fast_frame_copy=True,
+        ),
+        audio=AudioSettings(
+            agent_rate=16000,
+            vad_aggressiveness=2,
+            vad_frame_ms=20,
+            vad_onset_ms=60,
+            vad_hangover_ms=300,
+            barge_in=True,
+            barge_in_min_speech_ms=120,
+            barge_in_dtmf=True,
+            playout_max_s=60.0,
         ),
         http=HttpSettings(address="127.0.0.1", port=8080),
         storage=StorageSettings(data_dir=(cwd / "voicegate-data").resolve()),

@@ -12,7 +12,7 @@ import pytest
 
 from config import ConfigError, load_settings
 
-SECTIONS = "sip, media, http, storage, session, agent, log, faults, tools.<name>"
+SECTIONS = "sip, media, audio, http, storage, session, agent, log, faults, tools.<name>"
 
 
 def write(tmp_path: Path, text: str | bytes) -> Path:

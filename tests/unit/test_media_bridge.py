@@ -45,18 +45,20 @@ def test_frame_sizes() -> None:
     assert frame_bytes(16000) == 640
 
 
-def test_empty_outbound_plays_silence_and_counts_one_underrun_per_dry_spell() -> None:
+def test_the_bridge_pulls_from_the_calls_playout() -> None:
+    import numpy as np
+
     channel = MediaChannel(8000)
-    assert channel.pull_outbound() == bytes(320)
-    assert channel.tx_underruns == 0  # nothing was playing yet
-    tone = b"\x01\x02" * 160
-    channel.outbound.extend([tone, tone])
-    assert channel.pull_outbound() == tone
-    assert channel.pull_outbound() == tone
-    assert channel.pull_outbound() == bytes(320)
-    assert channel.pull_outbound() == bytes(320)
-    assert channel.tx_underruns == 1
-    assert (channel.tx_frames, channel.tx_audio_frames) == (5, 2)
+    playout = channel.playout
+    assert playout.pull() == bytes(320)  # nothing queued: silence
+    playout.begin("r1", 0)
+    tone = (np.arange(320) % 50 * 100).astype(np.int16)
+    assert playout.admit("r1", 0, tone)
+    playout.finish("r1")
+    assert playout.pull() == tone[:160].astype("<i2").tobytes()
+    assert playout.pull() == tone[160:].astype("<i2").tobytes()
+    assert playout.pull() == bytes(320)
+    assert playout.audio_frames == 2
 
 
 def test_inbound_ring_is_bounded_and_counts_what_it_drops() -> None:

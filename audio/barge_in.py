@@ -1,0 +1,120 @@
+"""Barge-in: when the caller's speech (or a key press) must cut the agent off.
+
+Pure decision logic: no clock, no I/O. Each inbound frame brings the VAD's event (if any), the
+speech accumulated in the current segment, and which response is playing; the answer is an
+:class:`Interrupt` or ``None``. Acting on it (bump the generation, :meth:`Playout.interrupt`, tell
+the agent what was heard) is the caller's single step.
+
+The rules:
+
+* speech triggers only if its segment started (VAD :class:`~audio.vad.SpeechStarted`) while a
+  response was playing, and only once the segment holds ``min_speech_ms`` of speech verdicts, so a
+  cough does not cut the agent off; speech that began before the agent did is the caller's turn
+  running on, not a barge-in;
+* a DTMF key press triggers at once when ``dtmf`` is on;
+* nothing triggers while nothing plays, and a response is interrupted at most once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from audio.frame import FRAME_MS
+from audio.vad import SpeechStarted, SpeechStopped, VadEvent
+
+
+class BargeInConfigError(ValueError):
+    """A barge-in setting out of range; the message names the field."""
+
+
+@dataclass(frozen=True, slots=True)
+class BargeInConfig:
+    """``enabled`` switches barge-in off entirely; ``min_speech_ms`` is the speech a segment must
+    hold before it interrupts (the VAD's own onset counts towards it); ``dtmf`` lets a key press
+    interrupt."""
+
+    enabled: bool = True
+    min_speech_ms: int = 60
+    dtmf: bool = True
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.min_speech_ms <= 10_000:
+            raise BargeInConfigError(
+                f"min_speech_ms must be between 0 and 10000, got {self.min_speech_ms}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class Interrupt:
+    """Interrupt ``response_id`` now.
+
+    ``onset_timestamp`` is on the inbound clock (samples at the call rate): the first speech frame
+    of the segment for ``"speech"``, the timestamp given with the key press for ``"dtmf"``.
+    """
+
+    reason: Literal["speech", "dtmf"]
+    onset_timestamp: int
+    response_id: str
+
+
+class BargeIn:
+    """Barge-in decisions for one call; feed every inbound frame to :meth:`on_frame`."""
+
+    __slots__ = ("_in_segment", "_onset", "_segment_response", "_triggered", "config")
+
+    def __init__(self, config: BargeInConfig | None = None) -> None:
+        self.config = config or BargeInConfig()
+        self._in_segment = False
+        self._onset = 0
+        self._segment_response: str | None = None  # what was playing when the segment started
+        self._triggered: str | None = None  # the last response interrupted
+
+    def on_frame(
+        self, event: VadEvent | None, speech_ms: int, playing: str | None
+    ) -> Interrupt | None:
+        """One inbound frame: its VAD ``event``, the VAD's ``speech_ms`` after it, and the id of
+        the response playing (``Playout.playing``; ``None`` when idle)."""
+        if isinstance(event, SpeechStarted):
+            self._in_segment = True
+            self._onset = event.timestamp
+            self._segment_response = playing
+        decision = None
+        if (
+            self._in_segment
+            and self.config.enabled
+            and playing is not None
+            and playing == self._segment_response
+            and playing != self._triggered
+            and speech_ms >= self.config.min_speech_ms
+        ):
+            decision = Interrupt("speech", self._onset, playing)
+            self._triggered = playing
+        if isinstance(event, SpeechStopped):
+            self._in_segment = False
+            self._segment_response = None
+        return decision
+
+    def on_dtmf(self, timestamp: int, playing: str | None) -> Interrupt | None:
+        """A key press at ``timestamp`` (inbound clock) while ``playing`` is playing."""
+        config = self.config
+        if not (config.enabled and config.dtmf) or playing is None or playing == self._triggered:
+            return None
+        self._triggered = playing
+        return Interrupt("dtmf", timestamp, playing)
+
+
+def onset_ns(detected_ns: int, onset_timestamp: int, detected_at: int, rate: int) -> int:
+    """The monotonic time of a speech onset, from the time its detecting frame was handled.
+
+    ``detected_ns`` is when the frame ending at ``detected_at`` was processed; the onset lies
+    ``detected_at - onset_timestamp`` samples of audio before. Time the frame spent queued in the
+    inbound ring is not known here, so this is at most that much late.
+    """
+    return detected_ns - (detected_at - onset_timestamp) * 1_000_000_000 // rate
+
+
+def latency_ms(onset: int, last_audio_pull_ns: int, frame_ms: int = FRAME_MS) -> float:
+    """Barge-in latency: from the speech onset (monotonic ns) until the last agent frame sent
+    (``Playout.last_audio_pull_ns``) finished playing. 0 if the agent was already silent."""
+    return max(0.0, (last_audio_pull_ns - onset) / 1e6 + frame_ms)

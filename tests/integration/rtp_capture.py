@@ -1,0 +1,97 @@
+"""Capture a call's RTP on loopback with tcpdump and read it back: who sent what audio, when."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import struct
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+
+def _alaw_table() -> np.ndarray:
+    # ITU-T G.711 A-law expansion, for all 256 codes.
+    codes = np.arange(256, dtype=np.int32) ^ 0x55
+    sign = codes & 0x80
+    exponent = (codes >> 4) & 0x07
+    mantissa = codes & 0x0F
+    magnitude = np.where(
+        exponent == 0, (mantissa << 4) + 8, ((mantissa << 4) + 0x108) << (exponent - 1)
+    )
+    return np.where(sign != 0, magnitude, -magnitude).astype(np.int16)
+
+
+ALAW = _alaw_table()
+_LINK_HEADER = {1: 14, 113: 16, 276: 20, 0: 4}  # Ethernet, Linux SLL, SLL2, BSD loopback
+
+
+@dataclass(frozen=True, slots=True)
+class RtpPacket:
+    at: float
+    src_port: int
+    dst_port: int
+    payload_type: int
+    seq: int
+    rms: float
+
+
+def read_rtp(path: Path) -> list[RtpPacket]:
+    data = path.read_bytes()
+    magic, _, _, _, _, _, link = struct.unpack("<IHHiIII", data[:24])
+    assert magic == 0xA1B2C3D4, "expected a little-endian microsecond pcap"
+    offset, skip = 24, _LINK_HEADER[link]
+    packets = []
+    while offset + 16 <= len(data):
+        sec, usec, incl, _ = struct.unpack("<IIII", data[offset : offset + 16])
+        frame = data[offset + 16 : offset + 16 + incl]
+        offset += 16 + incl
+        ip = frame[skip:]
+        if len(ip) < 28 or ip[0] >> 4 != 4 or ip[9] != 17:
+            continue
+        ihl = (ip[0] & 0x0F) * 4
+        src, dst = struct.unpack(">HH", ip[ihl : ihl + 4])
+        rtp = ip[ihl + 8 :]
+        if len(rtp) < 12 or rtp[0] >> 6 != 2:
+            continue
+        pt = rtp[1] & 0x7F
+        seq = struct.unpack(">H", rtp[2:4])[0]
+        audio = ALAW[np.frombuffer(rtp[12:], dtype=np.uint8)] if pt == 8 else np.zeros(1)
+        rms = float(np.sqrt(np.mean(audio.astype(np.float64) ** 2))) if len(audio) else 0.0
+        packets.append(RtpPacket(sec + usec / 1e6, src, dst, pt, seq, rms))
+    return packets
+
+
+class Capture:
+    """``tcpdump`` on ``lo`` for UDP in a port range, to a pcap file; stop() flushes it."""
+
+    def __init__(self, path: Path, port_min: int, port_max: int) -> None:
+        tcpdump = shutil.which("tcpdump")
+        assert tcpdump, "tcpdump is needed for RTP captures (apt-get install tcpdump)"
+        self.path = path
+        self.process = subprocess.Popen(
+            [
+                tcpdump,
+                "-i",
+                "lo",
+                "-U",
+                "-n",
+                "-w",
+                str(path),
+                f"udp portrange {port_min}-{port_max}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        assert self.process.stderr is not None
+        line = self.process.stderr.readline().decode()
+        assert "listening on" in line, line
+
+    def stop(self) -> list[RtpPacket]:
+        self.process.send_signal(signal.SIGINT)
+        self.process.wait(timeout=10)
+        if self.process.stderr is not None:
+            self.process.stderr.close()
+        return read_rtp(self.path)

@@ -1,0 +1,62 @@
+"""Barge-in end to end: SIPp talks over the greeting; the RTP the server sent shows the prompt
+stop within the configured latency and never come back, and the session records what was heard."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.integration.harness import Server, Sipp, wait_for
+from tests.integration.rtp_capture import Capture
+
+LOUD = 300.0  # RMS of a 20 ms A-law frame of prompt audio (silence decodes to +-8)
+VOICE = 60.0  # RMS from which the caller's capture counts as speech (its lead-in is +-8)
+# Configured: speech must last audio.barge_in_min_speech_ms (120) after the VAD's onset (60 ms)
+# before the cut. On top come SIPp's 20 ms packets, PJSIP's jitter buffer and the 20 ms tick.
+MIN_SPEECH_MS = 120
+JITTER_AND_TICKS_MS = 250
+
+
+def test_speech_over_the_greeting_cuts_it_for_good(server: Server, tmp_path: Path) -> None:
+    capture = Capture(tmp_path / "rtp.pcap", server.rtp_min, server.rtp_max)
+    try:
+        sipp = Sipp("uac-barge-in.xml", server.sip_target, tmp_path)
+        assert sipp.run() == 0, sipp.errors()
+    finally:
+        packets = capture.stop()
+    (session,) = wait_for(
+        lambda: [s for s in server.sessions() if s["ended"]] or None, 10, "the session to end"
+    )
+
+    server_port_range = range(server.rtp_min, server.rtp_max + 1)
+    sent = [p for p in packets if p.src_port in server_port_range and p.payload_type == 8]
+    heard = [p for p in packets if p.dst_port in server_port_range and p.payload_type == 8]
+    speech = [p for p in heard if p.rms > VOICE]
+    assert sent and speech, (len(sent), len(speech))
+    onset, speech_end = speech[0].at, speech[-1].at
+
+    prompt_before = [p for p in sent if p.at < onset and p.rms > LOUD]
+    assert prompt_before, "the greeting was playing when the caller started talking"
+    # The last prompt frame the server sent after the onset: the cut.
+    cut = max((p.at for p in sent if onset <= p.at <= onset + 2 and p.rms > LOUD), default=onset)
+    latency_ms = (cut - onset) * 1000
+    assert latency_ms <= 60 + MIN_SPEECH_MS + JITTER_AND_TICKS_MS, latency_ms
+    # Never resumed while the caller kept talking: only silence until the speech ended.
+    resumed = [p for p in sent if cut < p.at <= speech_end and p.rms > LOUD]
+    assert resumed == [], f"{len(resumed)} loud frames after the cut at {cut:.3f}"
+
+    events = session["events"]
+    cuts = [e for e in events if e["type"] == "response_interrupted"]
+    assert len(cuts) == 1
+    heard_ms = cuts[0]["payload"]["heard_ms"]
+    # About the two seconds of greeting before the caller spoke; far less than the prompt.
+    assert 1500 <= heard_ms <= 3000, heard_ms
+    effects = [x["kind"] for x in cuts[0]["effects"]]
+    assert effects == ["clear_playout", "notify_agent"]
+    # After the caller stopped, the menu was offered again as a new response.
+    types = [e["type"] for e in events]
+    assert types.index("response_interrupted") < len(types) - 1 - types[::-1].index(
+        "response_started"
+    )
+    assert server.metric("voicegate_barge_ins_total", reason="speech") == 1
+    assert server.metric("voicegate_stale_frames_dropped_total") == 0
+    assert server.metric("voicegate_barge_in_latency_seconds_count") == 1
