@@ -102,6 +102,13 @@ class Agent:
     async def on_audio(self, frame: Frame) -> None:
         """20 ms of caller audio at the call's rate."""
 
+    async def on_interrupted(self, interruption: str) -> None:
+        """The call lost something (``media``, ``reinvite``, ``transfer``, ``agent_link``): your
+        response was cut and side effects are frozen until the session recovers."""
+
+    async def on_resumed(self, interruptions: str) -> None:
+        """The session recovered; continue with a short line, not by replaying the response."""
+
     async def on_speech_started(self) -> None:
         """The caller started speaking (VAD onset). A response playing may be cut by barge-in."""
 

@@ -148,6 +148,15 @@ class DemoAgent(Agent):
         self._amount = ""
         self.call.play_prompt("payment_canceled")
 
+    async def on_resumed(self, interruptions: str) -> None:
+        # Recovered from a gap: say so briefly, then carry on where the caller was; never replay
+        # the cut prompt from its start.
+        if self.mode is _Mode.PAYING:
+            return  # the payment's own outcome is what the caller hears next
+        self.call.play_prompt("sorry_lost_you")
+        if self.mode is _Mode.MENU:
+            self.call.play_prompt("menu")
+
     async def on_speech_turn(self, duration_ms: int) -> None:
         # The demo understands keys, not words: after the caller has spoken (and perhaps cut a
         # prompt short by barge-in), it offers the menu again.

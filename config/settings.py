@@ -130,6 +130,14 @@ class MediaSettings:
         ),
     )
 
+    gap_threshold_s: float = field(
+        default=1.0,
+        metadata=key(
+            float_range(0.2, 30),
+            "Seconds without caller RTP that count as a media gap (side effects freeze)",
+        ),
+    )
+
     @property
     def advertised_address(self) -> str:
         """The address to put in SDP: ``public_address``, or ``address`` when that is empty."""

@@ -48,6 +48,7 @@ PROMPTS: dict[str, str] = {
     **{f"digit_{c}": c for c in "ABCD"},
     "still_there": "Are you still there?",
     "reconnecting": "One moment, I am reconnecting.",
+    "sorry_lost_you": "Sorry, I lost you for a moment.",
     # The demo agent's payment flow (menu key 2).
     "enter_amount": "Enter the amount in cents, then press hash.",
     "confirm_payment": "cents. Press 1 to pay, or star to cancel.",

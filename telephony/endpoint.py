@@ -26,6 +26,7 @@ from telephony import events as ev
 from telephony.admission import Admission
 from telephony.frame_copy import Copier, select_copier
 from telephony.media_bridge import MediaBridge, MediaChannel
+from telephony.media_health import MediaHealth
 from telephony.sip_message import mask_uri, request_user, via_transport
 
 log = logging.getLogger("voicegate.sip")
@@ -59,6 +60,8 @@ class EndpointConfig:
     user_agent: str
     pjsip_log_level: int = 1
     fast_copy: bool = True
+    gap_threshold_s: float = 1.0
+    health_poll_s: float = 0.2
 
 
 class _LogWriter(pj.LogWriter):  # type: ignore[misc]
@@ -101,6 +104,10 @@ class _Call(pj.Call):  # type: ignore[misc]
         self.local_hangup = False
         self.bridge: MediaBridge | None = None
         self.audio: Any = None
+        self.media_index = -1
+        self.held = False
+        self.reinvite_pending = False
+        self.health: MediaHealth | None = None
         self.remote_uri = ""
 
     def onCallState(self, prm: Any) -> None:
@@ -108,6 +115,21 @@ class _Call(pj.Call):  # type: ignore[misc]
 
     def onCallMediaState(self, prm: Any) -> None:
         self.owner._on_media_state(self)
+
+    def onCallRxReinvite(self, prm: Any) -> None:
+        if self.accepted and self.answered:
+            self.reinvite_pending = True
+            self.owner._post(ev.ReinviteStarted(self.call_id))
+
+    def onCallTsxState(self, prm: Any) -> None:
+        # A re-INVITE we answered with an error leaves the old media in place (RFC 6141);
+        # onCallMediaState then never comes, so the failure is reported from here.
+        if not self.reinvite_pending:
+            return
+        tsx = prm.e.body.tsxState.tsx
+        if tsx.method == "INVITE" and tsx.role == pj.PJSIP_ROLE_UAS and tsx.statusCode >= 300:
+            self.reinvite_pending = False
+            self.owner._post(ev.ReinviteFinished(self.call_id, ok=False))
 
     def onDtmfDigit(self, prm: Any) -> None:
         if self.accepted:
@@ -201,10 +223,30 @@ class SipEndpoint:
 
     def _loop_until_stopped(self) -> None:
         assert self._ep is not None
+        next_health = time.monotonic()
         while not self._stop.is_set():
             self._ep.libHandleEvents(_POLL_MS)
             self._run_commands()
-            self._release_due(time.monotonic())
+            now = time.monotonic()
+            self._release_due(now)
+            if now >= next_health:
+                next_health = now + self.config.health_poll_s
+                self._poll_media_health(now)
+
+    def _poll_media_health(self, now: float) -> None:
+        """Read each call's received-packet counter; report gaps, returns and holds."""
+        for call in self._calls.values():
+            if call.media_index < 0 or not call.answered:
+                continue
+            try:
+                packets = call.getStreamStat(call.media_index).rtcp.rxStat.pkt
+            except pj.Error:
+                continue  # the stream is being replaced (re-INVITE); next poll sees the new one
+            if call.health is None:
+                call.health = MediaHealth(self.config.gap_threshold_s, now)
+            change = call.health.observe(packets, now, held=call.held)
+            if change is not None:
+                self._post(ev.MediaHealthChanged(call.call_id, change.new.value, change.since))
 
     def _start_library(self) -> None:
         cfg = self.config
@@ -431,6 +473,9 @@ class SipEndpoint:
                 continue
             stream = call.getStreamInfo(media.index)
             rate = int(stream.codecClockRate)
+            call.media_index = media.index
+            # a=sendonly / inactive from the caller: a hold, not a failure (media_health).
+            call.held = media.status == pj.PJSUA_CALL_MEDIA_REMOTE_HOLD
             audio = call.getAudioMedia(media.index)
             if call.bridge is not None and call.bridge.rate != rate:
                 self._detach_media(call)
@@ -448,4 +493,9 @@ class SipEndpoint:
             self._post(
                 ev.MediaReady(call.call_id, str(stream.codecName), rate, call.bridge.channel)
             )
+            if call.reinvite_pending:
+                # The new stream's counter starts afresh; the health monitor reads any change of
+                # it as packets arriving, so it keeps watching across the switch.
+                call.reinvite_pending = False
+                self._post(ev.ReinviteFinished(call.call_id, ok=True))
             return

@@ -64,6 +64,31 @@ class MediaReady:
 
 
 @dataclass(frozen=True, slots=True)
+class MediaHealthChanged:
+    """RTP from the caller stopped (``interrupted``), came back (``flowing``) or is on ``held``."""
+
+    call_id: str
+    health: str
+    since: float
+
+
+@dataclass(frozen=True, slots=True)
+class ReinviteStarted:
+    """The caller sent a re-INVITE (new address after a handover, codec change, hold)."""
+
+    call_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReinviteFinished:
+    """The re-INVITE's media is in place (``ok``), or it failed and the old media stays
+    (RFC 6141)."""
+
+    call_id: str
+    ok: bool
+
+
+@dataclass(frozen=True, slots=True)
 class DtmfReceived:
     call_id: str
     digit: str
@@ -88,6 +113,9 @@ SipEvent = (
     | CallRefused
     | CallAnswered
     | MediaReady
+    | MediaHealthChanged
+    | ReinviteStarted
+    | ReinviteFinished
     | DtmfReceived
     | CallEnded
 )

@@ -57,6 +57,14 @@ TICK = _Tick()
 
 
 @dataclass(frozen=True, slots=True)
+class _AgentNotice:
+    """A NotifyAgent effect, delivered to the agent from the call's task."""
+
+    what: str
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
 class _TimerFired:
     name: str
     generation: int
@@ -135,6 +143,7 @@ class LiveCall:
         self._stale_seen = 0
         self._speech_turn: str | None = None
         self._speech_onset_ms = 0.0
+        self.media_health = "flowing"
         self._hangup: HangupPlan | None = None
         self._hangup_waiting_since: float | None = None
         self._in_dtmf = False
@@ -158,6 +167,7 @@ class LiveCall:
             "called_user": self.offer.called_user,
             "transport": self.offer.transport,
             "codec": self.codec,
+            "media": self.media_health,
             "rate": self.channel.rate if self.channel else None,
             "started_at": self.started_at,
             "answered_at": self.answered_at,
@@ -336,6 +346,8 @@ class LiveCall:
                     for handle in self._timers.values():
                         handle.cancel()
                     self._timers.clear()
+                case fx.NotifyAgent(what=what, detail=detail) if what in ("interrupted", "resumed"):
+                    self.events.put_nowait(_AgentNotice(what, detail))
                 case fx.SendToolRequest(key=key):
                     intent = self._outstanding(key)
                     if intent is not None:
@@ -487,10 +499,40 @@ class LiveCall:
                 await self._on_ended(item)
             case ToolDone():
                 await self._on_tool_done(item)
+            case ev.MediaHealthChanged(health=health):
+                self._on_media_health(health)
+            case ev.ReinviteStarted():
+                if self.phase is CallPhase.ANSWERED:
+                    self._response_id, self._response_open = None, False
+                    self._try(sev.ReinviteStarted())
+            case ev.ReinviteFinished(ok=ok):
+                state = self.session.state if self.session else None
+                if state is not None and state.recovery is not None:
+                    self._try(sev.ReinviteFinished(state.recovery.generation, ok))
+            case _AgentNotice(what=what, detail=detail):
+                if self.agent is not None and self.phase is CallPhase.ANSWERED:
+                    if what == "resumed":
+                        await self.agent.on_resumed(detail)
+                    else:
+                        await self.agent.on_interrupted(detail)
             case ToolRefused(result=result):
                 await self._tell_agent(result)
             case _:
                 log.debug("call.ignored_event", extra={"call_id": self.call_id, "ev": repr(item)})
+
+    def _on_media_health(self, health: str) -> None:
+        """RTP stopped or came back (telephony.media_health): the session's media dimension."""
+        self.media_health = health
+        state = self.session.state if self.session else None
+        if state is None or state.terminal or self.phase is not CallPhase.ANSWERED:
+            return
+        log.info("call.media_health", extra={"call_id": self.call_id, "health": health})
+        if health == "interrupted" and state.media.value == "flowing":
+            self._response_id, self._response_open = None, False
+            self._try(sev.MediaLost())
+        elif health in ("flowing", "held") and state.media.value == "interrupted":
+            generation = state.recovery.generation if state.recovery else 0
+            self._try(sev.MediaRestored(generation))
 
     async def _on_tool_done(self, done: ToolDone) -> None:
         intent = self._outstanding(done.key)

@@ -67,6 +67,7 @@ def endpoint_config(settings: Settings) -> EndpointConfig:
         user_agent=sip.user_agent,
         pjsip_log_level=settings.log.pjsip_level,
         fast_copy=media.fast_frame_copy,
+        gap_threshold_s=media.gap_threshold_s,
     )
 
 

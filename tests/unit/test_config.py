@@ -65,6 +65,7 @@ def defaults_in(cwd: Path) -> Settings:
             codecs=("PCMU", "PCMA", "G722"),
             clock_rate=16000,
             fast_frame_copy=True,
+            gap_threshold_s=1.0,
         ),
         audio=AudioSettings(
             agent_rate=16000,

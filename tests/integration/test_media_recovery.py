@@ -1,0 +1,134 @@
+"""Dropped media end to end: real RTP gaps from SIPp against the server's media-health monitor."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tests.integration.harness import Server, Sipp, wait_for
+
+PRODUCT_GAP = {"VOICEGATE_MEDIA_GAP_THRESHOLD_S": "1"}
+
+
+def _ended(server: Server) -> dict[str, Any]:
+    (session,) = wait_for(
+        lambda: [s for s in server.sessions() if s["ended"]] or None, 15, "the session to end"
+    )
+    return session
+
+
+def _types(session: dict[str, Any]) -> list[str]:
+    return [e["type"] for e in session["events"]]
+
+
+def _effects(session: dict[str, Any], event_type: str) -> list[dict[str, Any]]:
+    return [x for e in session["events"] if e["type"] == event_type for x in e["effects"]]
+
+
+def test_a_5_s_gap_recovers_with_the_dialog_intact(server_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    server = server_factory(**PRODUCT_GAP)
+    sipp = Sipp("uac-media-gap-short.xml", server.sip_target, tmp_path)
+    assert sipp.run() == 0, sipp.errors()  # no BYE from the server: the dialog stayed up
+    session = _ended(server)
+    types = _types(session)
+    assert types.count("media_lost") == 1 and types.count("media_restored") == 1
+    lost = next(e for e in session["events"] if e["type"] == "media_lost")
+    restored = next(e for e in session["events"] if e["type"] == "media_restored")
+    # 5 s without RTP, detected after the 1 s threshold (polled every 200 ms).
+    assert 3.5 <= restored["at"] - lost["at"] <= 5.5
+    kinds = [x["kind"] for x in lost["effects"]]
+    # One step: freeze, cut, new generation, recovery with its deadline.
+    assert "clear_playout" in kinds and "start_recovery" in kinds
+    assert {"kind": "gate_changed", "old": "open", "new": "frozen", "frozen_s": 0.0} in lost[
+        "effects"
+    ]
+    finished = [x for x in restored["effects"] if x["kind"] == "recovery_finished"]
+    assert [f["outcome"] for f in finished] == ["recovered"]
+    assert any(x["kind"] == "gate_changed" and x["new"] == "open" for x in restored["effects"])
+    assert session["ended"]["terminal_state"] == "completed"
+    assert server.metric("voicegate_recoveries_total", kind="media", outcome="recovered") == 1
+    assert server.metric("voicegate_gate_frozen_seconds_total") >= 3.5
+
+
+def test_a_30_s_gap_ends_timed_out_with_a_bye(server_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    server = server_factory(**PRODUCT_GAP)
+    sipp = Sipp("uac-media-gap-long.xml", server.sip_target, tmp_path, timeout_s=80)
+    assert sipp.run() == 0, sipp.errors()  # SIPp got the server's BYE
+    session = _ended(server)
+    ended = session["ended"]
+    assert (ended["terminal_state"], ended["stage"]) == ("timed_out", "recovery")
+    assert "media not recovered within 20 s" in ended["reason"]
+    lost = next(e for e in session["events"] if e["type"] == "media_lost")
+    fired = session["events"][-1]
+    assert fired["type"] == "deadline_fired" and fired["payload"]["name"] == "recovery"
+    assert 19.5 <= fired["at"] - lost["at"] <= 21.5
+    kinds = [x["kind"] for x in fired["effects"]]
+    assert kinds.index("say") < kinds.index("release_media") < kinds.index("hang_up")
+    # The ladder of honesty: a short "reconnecting" line after about 2 s of trouble.
+    assert {"kind": "say", "prompt": "reconnecting"} in _effects(session, "deadline_fired")
+    assert server.metric("voicegate_recoveries_total", kind="media", outcome="timed_out") == 1
+
+
+def test_a_bye_during_a_gap_cancels_the_recovery_at_once(server_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    server = server_factory(**PRODUCT_GAP)
+    sipp = Sipp("uac-bye-during-gap.xml", server.sip_target, tmp_path)
+    assert sipp.run() == 0, sipp.errors()
+    session = _ended(server)
+    ended = session["ended"]
+    assert (ended["terminal_state"], ended["reason"]) == (
+        "canceled",
+        "caller hung up during recovery",
+    )
+    hangup = session["events"][-1]
+    assert hangup["type"] == "caller_hangup"
+    kinds = [x["kind"] for x in hangup["effects"]]
+    assert "recovery_finished" in kinds and "cancel_timer" in kinds
+    finished = next(x for x in hangup["effects"] if x["kind"] == "recovery_finished")
+    assert finished["outcome"] == "canceled"
+    assert server.metric("voicegate_recoveries_total", kind="media", outcome="canceled") == 1
+
+
+def test_a_handover_reinvite_keeps_the_call_and_moves_the_rtp(
+    server: Server, tmp_path: Path
+) -> None:
+    from tests.integration.rtp_capture import Capture
+
+    # SIPp's -mp port is picked by the harness; the scenario moves its media to that port + 2.
+    sipp = Sipp("uac-reinvite-handover.xml", server.sip_target, tmp_path)
+    args = sipp.args()
+    media_port = int(args[args.index("-mp") + 1])
+    low, high = min(server.rtp_min, media_port), max(server.rtp_max, media_port + 2)
+    capture = Capture(tmp_path / "rtp.pcap", low, high)
+    try:
+        sipp.args = lambda: args  # type: ignore[method-assign]
+        assert sipp.run() == 0, sipp.errors()  # the re-INVITE got its 200 and the call went on
+    finally:
+        packets = capture.stop()
+    session = _ended(server)
+    types = _types(session)
+    assert types.count("reinvite_started") == 1 and types.count("reinvite_finished") == 1
+    started = next(e for e in session["events"] if e["type"] == "reinvite_started")
+    finished = next(e for e in session["events"] if e["type"] == "reinvite_finished")
+    assert [x["outcome"] for x in finished["effects"] if x["kind"] == "recovery_finished"] == [
+        "recovered"
+    ]
+    assert session["ended"]["terminal_state"] == "completed"
+    # The cut response never comes back: the next response is a new one, in a newer generation.
+    cut_generation = next(
+        x["generation"] for x in started["effects"] if x["kind"] == "clear_playout"
+    )
+    later = [
+        e
+        for e in session["events"]
+        if e["type"] == "response_started" and e["seq"] > finished["seq"]
+    ]
+    assert later, "the agent said something after the handover"
+    bound = [x for e in later for x in e["effects"] if x["kind"] == "bind_response"]
+    assert all(b["generation"] >= cut_generation for b in bound)
+    assert server.metric("voicegate_stale_frames_dropped_total") == 0
+    # RTP from the server went to the old port before the handover and to the new one after.
+    server_ports = range(server.rtp_min, server.rtp_max + 1)
+    sent = [p for p in packets if p.src_port in server_ports and p.payload_type in (8, 101)]
+    switch = min(p.at for p in sent if p.dst_port == media_port + 2)
+    assert any(p.dst_port == media_port for p in sent if p.at < switch)
+    assert all(p.dst_port == media_port + 2 for p in sent if p.at > switch + 0.1)
