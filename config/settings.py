@@ -245,6 +245,20 @@ class SessionSettings:
             "How long a session may try to recover from an interruption before it times out",
         ),
     )
+    no_input_s: float = field(
+        default=60.0,
+        metadata=key(
+            float_range(0, 3600),
+            "Seconds without a key press or caller speech before the caller is asked if they "
+            "are still there; 0 means never",
+        ),
+    )
+    no_input_grace_s: float = field(
+        default=10.0,
+        metadata=key(
+            float_range(1, 600), "Seconds after that question before the call ends timed_out"
+        ),
+    )
     max_duration_s: float = field(
         default=3600.0,
         metadata=key(float_range(0, 86400), "Longest call in seconds; 0 means no limit"),

@@ -73,6 +73,8 @@ HONESTY = "honesty"
 RECOVERY = "recovery"
 RETRY = "recovery_retry"
 MAX_DURATION = "max_duration"
+NO_INPUT = "no_input"
+NO_INPUT_FINAL = "no_input_final"
 
 
 def retry_delay(session_id: str, generation: int, attempt: int, policy: Policy) -> float:
@@ -268,7 +270,19 @@ def _on_call_answered(state: SessionState, event: ev.CallAnswered, now: float) -
         answered_at=now,
         deadlines=deadlines,
     )
-    return new, out
+    return _arm_no_input(new, now, out), out
+
+
+def _arm_no_input(state: SessionState, now: float, out: Effects) -> SessionState:
+    """(Re)start the no-input deadline: the caller did something, count from now."""
+    if state.policy.no_input_s <= 0:
+        return state
+    deadlines = {k: v for k, v in state.deadlines.items() if k != NO_INPUT_FINAL}
+    if NO_INPUT_FINAL in state.deadlines:
+        out.append(fx.CancelTimer(NO_INPUT_FINAL))
+    deadlines[NO_INPUT] = Deadline(now + state.policy.no_input_s, 0)
+    out.append(fx.ScheduleTimer(NO_INPUT, deadlines[NO_INPUT].due, 0))
+    return replace(state, deadlines=deadlines)
 
 
 def _require_call_up(state: SessionState, event: ev.Event) -> None:
@@ -397,13 +411,15 @@ def _on_turn_started(state: SessionState, event: ev.TurnStarted, now: float) -> 
     _require_gate_open(state, event, "turn")
     if state.turn is not None and not state.turn.committed:
         raise IllegalTransition(state, event, f"turn {state.turn.turn_id} is still open")
-    return replace(state, turn=Turn(event.turn_id)), []
+    out: Effects = []
+    return _arm_no_input(replace(state, turn=Turn(event.turn_id)), now, out), out
 
 
 def _on_turn_committed(state: SessionState, event: ev.TurnCommitted, now: float) -> Result:
     if state.turn is None or state.turn.turn_id != event.turn_id or state.turn.committed:
         raise IllegalTransition(state, event, f"turn {event.turn_id} is not open")
-    return replace(state, turn=replace(state.turn, committed=True)), []
+    out: Effects = []
+    return _arm_no_input(replace(state, turn=replace(state.turn, committed=True)), now, out), out
 
 
 def _on_response_started(state: SessionState, event: ev.ResponseStarted, now: float) -> Result:
@@ -601,6 +617,34 @@ def _on_deadline_fired(state: SessionState, event: ev.DeadlineFired, now: float)
                 Terminal.TIMED_OUT,
                 reason,
                 "recovery",
+                now,
+                out,
+                caller_present=caller_present,
+                say=say,
+            ),
+            out,
+        )
+    if event.name == NO_INPUT:
+        if state.recovery is not None or (state.turn is not None and not state.turn.committed):
+            # Nothing to answer while the line is down, or while the caller is still talking.
+            return _arm_no_input(state, now, out), out
+        # Seed 004's ladder: ask once, then end honestly.
+        grace = Deadline(now + state.policy.no_input_grace_s, 0)
+        out.append(fx.Say("still_there"))
+        out.append(fx.ScheduleTimer(NO_INPUT_FINAL, grace.due, 0))
+        return replace(state, deadlines={**state.deadlines, NO_INPUT_FINAL: grace}), out
+    if event.name == NO_INPUT_FINAL:
+        reason = (
+            f"no input from the caller for "
+            f"{state.policy.no_input_s + state.policy.no_input_grace_s:g} s"
+        )
+        say = "outcome_unknown" if state.outstanding else "goodbye"
+        return (
+            _terminate(
+                state,
+                Terminal.TIMED_OUT,
+                reason,
+                "no_input",
                 now,
                 out,
                 caller_present=caller_present,

@@ -64,6 +64,8 @@ class Policy:
     recovery_timeout_s: float = 20.0
     honesty_after_s: float = 2.0
     max_duration_s: float = 3600.0
+    no_input_s: float = 0.0  # 0: no no-input deadline
+    no_input_grace_s: float = 10.0
     retry_base_s: float = 0.25
     retry_cap_s: float = 4.0
     retry_max_attempts: int = 8

@@ -135,7 +135,12 @@ class Runtime:
 
     def policy(self) -> dict[str, float]:
         s = self.settings.session
-        policy = Policy(recovery_timeout_s=s.recovery_timeout_s, max_duration_s=s.max_duration_s)
+        policy = Policy(
+            recovery_timeout_s=s.recovery_timeout_s,
+            max_duration_s=s.max_duration_s,
+            no_input_s=s.no_input_s,
+            no_input_grace_s=s.no_input_grace_s,
+        )
         return dataclasses.asdict(policy)
 
     def record_effects(self, effects: list[fx.Effect]) -> None:

@@ -173,3 +173,20 @@ def test_max_duration_deadline_ends_the_call_timed_out_with_a_notice(
     assert {"kind": "say", "prompt": "timed_out"} in last["effects"]
     assert ended["at"] - session["events"][1]["at"] >= 3
     assert server.metric("voicegate_calls_total", outcome="timed_out") == 1
+
+
+def test_no_input_asks_once_then_ends_timed_out(server_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    server = server_factory(
+        VOICEGATE_SESSION_NO_INPUT_S="3", VOICEGATE_SESSION_NO_INPUT_GRACE_S="2"
+    )
+    sipp = Sipp("uac-silent-caller.xml", server.sip_target, tmp_path, timeout_s=40)
+    assert sipp.run() == 0, sipp.errors()  # SIPp got the BYE
+    session = _one_session(server)
+    ended = session["ended"]
+    assert (ended["terminal_state"], ended["stage"]) == ("timed_out", "no_input")
+    fired = [e for e in session["events"] if e["type"] == "deadline_fired"]
+    assert [e["payload"]["name"] for e in fired] == ["no_input", "no_input_final"]
+    assert {"kind": "say", "prompt": "still_there"} in fired[0]["effects"]
+    assert {"kind": "say", "prompt": "goodbye"} in fired[1]["effects"]
+    assert 1.8 <= fired[1]["at"] - fired[0]["at"] <= 2.5
+    assert server.metric("voicegate_calls_total", outcome="timed_out") == 1

@@ -132,3 +132,20 @@ def test_a_handover_reinvite_keeps_the_call_and_moves_the_rtp(
     switch = min(p.at for p in sent if p.dst_port == media_port + 2)
     assert any(p.dst_port == media_port for p in sent if p.at < switch)
     assert all(p.dst_port == media_port + 2 for p in sent if p.at > switch + 0.1)
+
+
+def test_a_hold_longer_than_the_gap_threshold_is_not_a_media_failure(
+    server_factory,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+) -> None:
+    server = server_factory(**PRODUCT_GAP)
+    sipp = Sipp("uac-hold-unhold.xml", server.sip_target, tmp_path).start()
+    wait_for(lambda: [c for c in server.live_calls() if c.get("media") == "held"], 20, "held")
+    assert sipp.wait() == 0, sipp.errors()
+    session = _ended(server)
+    types = _types(session)
+    assert "media_lost" not in types  # 4 s of silence on hold is not a gap
+    assert types.count("reinvite_finished") == 2
+    assert session["ended"]["terminal_state"] == "completed"
+    holds = [e for e in server.log_events() if e.get("event") == "call.media_health"]
+    assert [e["health"] for e in holds][:2] == ["held", "flowing"]

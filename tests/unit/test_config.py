@@ -87,6 +87,8 @@ def defaults_in(cwd: Path) -> Settings:
             reconcile_timeout_s=30.0,
             status_attempts=8,
             recovery_timeout_s=20.0,
+            no_input_s=60.0,
+            no_input_grace_s=10.0,
             max_duration_s=3600.0,
         ),
         agent=AgentSettings(kind="demo", prompts_dir=None),

@@ -42,7 +42,15 @@ TURN_IDS = ("t1", "t2")
 RESPONSE_IDS = ("r1", "r2")
 KEYS = ("k1", "k2", "k3")
 APPROVALS = ("a1", "a2")
-DEADLINE_NAMES = ("recovery", "honesty", "max_duration", "recovery_retry", "no_such_timer")
+DEADLINE_NAMES = (
+    "recovery",
+    "honesty",
+    "max_duration",
+    "recovery_retry",
+    "no_input",
+    "no_input_final",
+    "no_such_timer",
+)
 
 Logged = list[tuple[ev.Event, float]]
 INTERRUPTIONS = (ev.MediaLost, ev.AgentLinkLost, ev.ReinviteStarted, ev.TransferStarted)
@@ -57,6 +65,8 @@ POLICIES: st.SearchStrategy[dict[str, float]] = st.fixed_dictionaries(
         "retry_base_s": st.sampled_from([0.25, 0.1, 1.0]),
         "retry_cap_s": st.sampled_from([4.0, 1.0, 0.1]),
         "retry_max_attempts": st.integers(0, 5),
+        "no_input_s": st.sampled_from([0.0, 5.0, 30.0]),
+        "no_input_grace_s": st.sampled_from([1.0, 10.0]),
     },
 )
 
