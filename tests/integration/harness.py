@@ -49,12 +49,16 @@ def free_port(*, udp_and_tcp: bool = True) -> int:
     raise RuntimeError("no free port")
 
 
-_next_rtp_base = [30000 + (os.getpid() % 200) * 100]
+# RTP ranges come from below the kernel's ephemeral ports (32768 and up on Linux), so a SIP or
+# HTTP port the kernel hands out can never fall inside one (config refuses that overlap).
+_RTP_FLOOR, _RTP_SPAN = 12000, 20000
+_next_rtp_offset = [(os.getpid() % 100) * 200]
 
 
 def rtp_range(size: int = 40) -> tuple[int, int]:
-    base = _next_rtp_base[0]
-    _next_rtp_base[0] += size
+    offset = _next_rtp_offset[0] % (_RTP_SPAN - size)
+    _next_rtp_offset[0] = offset + size
+    base = _RTP_FLOOR + offset
     return base, base + size - 1
 
 
