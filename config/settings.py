@@ -87,6 +87,14 @@ class SipSettings:
             "Seconds an incoming call rings (180) before it is answered; 0 answers at once",
         ),
     )
+    session_expires_s: int = field(
+        default=1800,
+        metadata=key(
+            int_range(90, 86400),
+            "RFC 4028 session interval offered and accepted; the dialog ends timed_out if "
+            "no refresh comes (Min-SE is 90)",
+        ),
+    )
     shutdown_grace_s: float = field(
         default=5.0,
         metadata=key(
@@ -133,7 +141,7 @@ class MediaSettings:
     gap_threshold_s: float = field(
         default=1.0,
         metadata=key(
-            float_range(0.2, 30),
+            float_range(0.2, 300),
             "Seconds without caller RTP that count as a media gap (side effects freeze)",
         ),
     )

@@ -91,6 +91,14 @@ class DialogFailed(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class SessionExpired(Event):
+    """RFC 4028: no session refresh arrived in time; PJSIP ended the dialog with BYE."""
+
+    type: ClassVar[str] = "session_expired"
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class ServerHangup(Event):
     """Voicegate ended the call: ``outcome`` ``completed`` (the agent finished) or ``canceled``."""
 
@@ -256,6 +264,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         TransferFinished,
         CallerHangup,
         DialogFailed,
+        SessionExpired,
         ServerHangup,
         MediaLost,
         MediaRestored,

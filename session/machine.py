@@ -574,6 +574,20 @@ def _on_dialog_failed(state: SessionState, event: ev.DialogFailed, now: float) -
     ), out
 
 
+def _on_session_expired(state: SessionState, event: ev.SessionExpired, now: float) -> Result:
+    out: Effects = []
+    reason = f"session timer expired: {event.reason}".rstrip(": ")
+    if state.outstanding:
+        reason = f"{reason}, with {_unknown_outcomes(state)}"
+    # PJSIP has already sent the BYE: nobody is on the line to tell.
+    return (
+        _terminate(
+            state, Terminal.TIMED_OUT, reason, "session_timer", now, out, caller_present=False
+        ),
+        out,
+    )
+
+
 def _on_server_hangup(state: SessionState, event: ev.ServerHangup, now: float) -> Result:
     if event.outcome not in ("completed", "canceled"):
         raise IllegalTransition(state, event, "a server hang-up ends completed or canceled")
@@ -791,6 +805,7 @@ _HANDLERS: dict[type[ev.Event], _Handler] = {
     ev.CallerHangup: _on_caller_hangup,  # type: ignore[dict-item]
     ev.ServerHangup: _on_server_hangup,  # type: ignore[dict-item]
     ev.DialogFailed: _on_dialog_failed,  # type: ignore[dict-item]
+    ev.SessionExpired: _on_session_expired,  # type: ignore[dict-item]
     ev.DeadlineFired: _on_deadline_fired,  # type: ignore[dict-item]
     ev.RecoveryRetryDue: _on_recovery_retry_due,  # type: ignore[dict-item]
     ev.OperatorResolution: _on_operator_resolution,  # type: ignore[dict-item]

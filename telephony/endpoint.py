@@ -61,6 +61,7 @@ class EndpointConfig:
     pjsip_log_level: int = 1
     fast_copy: bool = True
     gap_threshold_s: float = 1.0
+    session_expires_s: int = 1800
     health_poll_s: float = 0.2
 
 
@@ -292,6 +293,11 @@ class SipEndpoint:
         media_tp.publicAddress = cfg.media_public_address or cfg.media_address
         media_tp.port = cfg.rtp_port_min
         media_tp.portRange = cfg.rtp_port_max - cfg.rtp_port_min
+        # RFC 4028: offered and accepted when the caller supports it; PJSIP refreshes when it is
+        # the refresher and ends the dialog (408, BYE) when no refresh comes.
+        acc_cfg.callConfig.timerUse = pj.PJSUA_SIP_TIMER_OPTIONAL
+        acc_cfg.callConfig.timerSessExpiresSec = cfg.session_expires_s
+        acc_cfg.callConfig.timerMinSESec = 90
         self._account = _Account(self)
         self._account.create(acc_cfg, True)
 

@@ -688,6 +688,9 @@ class LiveCall:
             if ended.by == "caller" and ended.status in (200, 487):
                 # 200: the caller's BYE; 487: the caller's CANCEL before we answered.
                 self._try(sev.CallerHangup())
+            elif ended.status == 408 and "refresh" in ended.reason.lower():
+                # RFC 4028 expiry: PJSIP's session timer ended the dialog.
+                self._try(sev.SessionExpired(ended.reason))
             elif ended.by == "server" and self._hangup is not None:
                 self._try(sev.ServerHangup(self._hangup.outcome, self._hangup.reason))
             else:

@@ -68,6 +68,7 @@ def endpoint_config(settings: Settings) -> EndpointConfig:
         pjsip_log_level=settings.log.pjsip_level,
         fast_copy=media.fast_frame_copy,
         gap_threshold_s=media.gap_threshold_s,
+        session_expires_s=sip.session_expires_s,
     )
 
 

@@ -55,6 +55,7 @@ def defaults_in(cwd: Path) -> Settings:
             numbers=(),
             user_agent="voicegate",
             answer_after_s=0.0,
+            session_expires_s=1800,
             shutdown_grace_s=5.0,
         ),
         media=MediaSettings(
