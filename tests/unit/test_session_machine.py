@@ -852,6 +852,7 @@ SAMPLES: list[ev.Event] = [
     ev.TransferFinished(2, ok=False),
     ev.CallerHangup(),
     ev.DialogFailed(408, "no ACK"),
+    ev.SessionExpired("No session refresh received."),
     ev.ServerHangup("canceled", "agent gave up"),
     ev.MediaLost(),
     ev.MediaRestored(4),

@@ -157,6 +157,7 @@ ENDING_STRATEGIES: EventStrategies = {
     ev.DialogFailed: st.builds(
         ev.DialogFailed, status=st.sampled_from([0, 408, 500]), reason=st.just("x")
     ),
+    ev.SessionExpired: st.builds(ev.SessionExpired, reason=st.just("No session refresh")),
     ev.ServerHangup: st.builds(
         ev.ServerHangup,
         outcome=st.sampled_from(["completed", "canceled", "bogus"]),
@@ -242,6 +243,7 @@ def ending_probes(state: SessionState) -> list[ev.Event]:
     probes: list[ev.Event] = [
         ev.CallerHangup(),
         ev.DialogFailed(500, "server error"),
+        ev.SessionExpired("No session refresh received."),
         ev.ServerHangup("completed", "agent done"),
         ev.ServerHangup("canceled", "agent gave up"),
         ev.SessionReaped("worker died"),
