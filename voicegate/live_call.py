@@ -527,6 +527,8 @@ class LiveCall:
         if state is None or state.terminal or self.phase is not CallPhase.ANSWERED:
             return
         log.info("call.media_health", extra={"call_id": self.call_id, "health": health})
+        if health == "interrupted":
+            self._services.metrics.media_gaps.inc()
         if health == "interrupted" and state.media.value == "flowing":
             self._response_id, self._response_open = None, False
             self._try(sev.MediaLost())

@@ -102,6 +102,17 @@ class Metrics:
             ["event"],
             registry=r,
         )
+        self.media_gaps = Counter(
+            "voicegate_media_gaps_total",
+            "Times a call's RTP stopped for longer than media.gap_threshold_s (holds excluded)",
+            registry=r,
+        )
+        self.deadline_endings = Counter(
+            "voicegate_deadline_endings_total",
+            "Sessions ended timed_out, by the deadline that ended them",
+            ["deadline"],
+            registry=r,
+        )
         self.stale_frames = Counter(
             "voicegate_stale_frames_dropped_total",
             "20 ms frames of audio refused at playout admission: an older generation, or a "
@@ -155,3 +166,5 @@ class Metrics:
             self.sessions_ended.labels(outcome)
         for why in ("stale", "predecessor"):
             self.sessions_reaped.labels(why)
+        for deadline in ("recovery", "max_duration", "no_input", "session_timer"):
+            self.deadline_endings.labels(deadline)

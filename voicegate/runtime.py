@@ -151,6 +151,8 @@ class Runtime:
             match effect:
                 case fx.Finished(terminal_state=terminal, stage=stage):
                     m.sessions_ended.labels(terminal).inc()
+                    if terminal == "timed_out":
+                        m.deadline_endings.labels(stage or "unknown").inc()
                     if terminal == "needs_human":
                         # The stage says why: reconciliation (unknown outcome), hangup, transfer.
                         m.needs_human.labels(stage or "unknown").inc()

@@ -67,6 +67,8 @@ def test_a_30_s_gap_ends_timed_out_with_a_bye(server_factory, tmp_path: Path) ->
     # The ladder of honesty: a short "reconnecting" line after about 2 s of trouble.
     assert {"kind": "say", "prompt": "reconnecting"} in _effects(session, "deadline_fired")
     assert server.metric("voicegate_recoveries_total", kind="media", outcome="timed_out") == 1
+    assert server.metric("voicegate_deadline_endings_total", deadline="recovery") == 1
+    assert server.metric("voicegate_media_gaps_total") == 1
 
 
 def test_a_bye_during_a_gap_cancels_the_recovery_at_once(server_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
