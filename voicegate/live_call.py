@@ -372,6 +372,10 @@ class LiveCall:
         intent = self._outstanding(key)
         return intent.tool if intent else ""
 
+    def announce(self, prompt: str) -> None:
+        """Play a system notice (not an agent response, so not subject to barge-in)."""
+        self._say(prompt)
+
     def _say(self, prompt: str) -> None:
         """A line the session machine wants the caller to hear (not an agent response)."""
         channel = self.channel

@@ -332,7 +332,9 @@ class Runtime:
         for call in list(self.calls.values()):
             if call.phase is CallPhase.ANSWERED:
                 call.stop_playback()
-                call.play_prompt("shutting_down")
+                # A notice of the system, not an agent response: the caller's speech does not
+                # barge in on it (it says why the call ends).
+                call.announce("shutting_down")
                 call.end(intent, after_playout=True)
             else:
                 call.end(intent, after_playout=False, status=503)
