@@ -168,7 +168,10 @@ class SipEndpoint:
         self._calls: dict[str, _Call] = {}
         self._refusing: dict[str, _Call] = {}
         self._held: list[tuple[float, _Call, int]] = []
+        # Ports of ended calls wait here a moment, then go back to the free pool by rate.
         self._graveyard: list[tuple[float, MediaBridge]] = []
+        self._free_ports: dict[int, list[MediaBridge]] = {}
+        self._all_ports: list[MediaBridge] = []
 
     # --- asyncio side -------------------------------------------------------------------------
 
@@ -320,11 +323,19 @@ class SipEndpoint:
             self._held.clear()
             self._calls.clear()
             self._refusing.clear()
-            self._graveyard.clear()
             if self._account is not None:
                 self._account.shutdown()
             self._account = None
+            ports, self._all_ports = self._all_ports, []
+            self._graveyard.clear()
+            self._free_ports.clear()
             ep.libDestroy()
+            # The conference and its ports are gone with the library: the Python wrappers must
+            # not unregister them again (~AudioMediaPort after libDestroy asserts), so they give
+            # up ownership of their C++ objects before they are dropped.
+            for port in ports:
+                port.thisown = False
+            del ports
         except pj.Error as exc:
             log.error("pjsua2 shutdown error: %s", exc.info())
         self._ep = None
@@ -373,6 +384,10 @@ class SipEndpoint:
                     if call.call_id in self._refusing:
                         self._refuse(call, status, retry_after=True)
         if self._graveyard and self._graveyard[0][0] <= now:
+            for _, port in (item for item in self._graveyard if item[0] <= now):
+                # Park it on a silent channel of its own until the next call borrows it.
+                port.attach(MediaChannel(port.rate, inbound_frames=1))
+                self._free_ports.setdefault(port.rate, []).append(port)
             self._graveyard = [item for item in self._graveyard if item[0] > now]
 
     def _refuse(self, call: _Call, status: int, *, retry_after: bool = False) -> None:
@@ -455,6 +470,19 @@ class SipEndpoint:
                     )
                 )
 
+    def _borrow_port(self, rate: int) -> MediaBridge:
+        channel = MediaChannel(rate)
+        free = self._free_ports.get(rate)
+        if free:
+            port = free.pop()
+            port.attach(channel)
+            return port
+        assert self._copier is not None
+        port = MediaBridge(f"vg-{len(self._all_ports)}-{rate}", channel, self._copier)
+        port.create()
+        self._all_ports.append(port)
+        return port
+
     def _detach_media(self, call: _Call) -> None:
         bridge, audio = call.bridge, call.audio
         call.bridge = call.audio = None
@@ -486,11 +514,7 @@ class SipEndpoint:
             if call.bridge is not None and call.bridge.rate != rate:
                 self._detach_media(call)
             if call.bridge is None:
-                assert self._copier is not None
-                channel = MediaChannel(rate)
-                bridge = MediaBridge(f"vg-{call.call_id[:8]}", channel, self._copier)
-                bridge.create()
-                call.bridge = bridge
+                call.bridge = self._borrow_port(rate)
             # The call's AudioMedia can change on every media update (notes, "Media health"):
             # reconnect each time.
             call.audio = audio

@@ -58,17 +58,27 @@ class MediaChannel:
 
 
 class MediaBridge(pj.AudioMediaPort):  # type: ignore[misc]
-    """The pjsua2 port of one call; owned and destroyed by the SIP thread only."""
+    """A pjsua2 port, lent to one call at a time; owned by the SIP thread only.
+
+    Ports are recycled, never destroyed while the conference clock runs: in PJSIP 2.15 removing
+    a port from the conference is queued for the clock thread, but ``~AudioMediaPort`` frees the
+    port at once, so destroying one mid-call-churn let the clock thread use freed memory (a
+    SIGSEGV seen at shutdown). :meth:`attach` swaps in the next call's channel instead.
+    """
 
     def __init__(self, name: str, channel: MediaChannel, copier: Copier) -> None:
         super().__init__()
         self.name = name
-        self.channel = channel
         self.rate = channel.rate
         self._read = copier.read
         self._write = copier.write
-        self._push = channel.push_inbound
+        self.attach(channel)
+
+    def attach(self, channel: MediaChannel) -> None:
+        """Serve ``channel`` from the next tick on (each assignment is atomic under the GIL)."""
+        self.channel = channel
         self._pull = channel.playout.pull
+        self._push = channel.push_inbound
 
     def create(self) -> None:
         """Register the port with the conference bridge. Call on the SIP thread."""
