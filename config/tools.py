@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 TOOL_ENV_PREFIX = "VOICEGATE_TOOL_"
 _NAME = re.compile(r"[a-z][a-z0-9]{0,31}")
@@ -31,8 +31,6 @@ class ToolSettings:
     approval: str
 
     def status_url(self, key: str) -> str:
-        from urllib.parse import quote
-
         return self.status_endpoint.replace("{key}", quote(key, safe=""))
 
 

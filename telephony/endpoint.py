@@ -22,6 +22,7 @@ from typing import Any
 
 import pjsua2 as pj
 
+from audio.playout import Playout
 from telephony import events as ev
 from telephony.admission import Admission
 from telephony.frame_copy import Copier, select_copier
@@ -62,6 +63,7 @@ class EndpointConfig:
     fast_copy: bool = True
     gap_threshold_s: float = 1.0
     session_expires_s: int = 1800
+    playout_max_ms: int = 60_000
     health_poll_s: float = 0.2
 
 
@@ -471,7 +473,7 @@ class SipEndpoint:
                 )
 
     def _borrow_port(self, rate: int) -> MediaBridge:
-        channel = MediaChannel(rate)
+        channel = MediaChannel(rate, playout=Playout(rate, self.config.playout_max_ms))
         free = self._free_ports.get(rate)
         if free:
             port = free.pop()

@@ -38,15 +38,8 @@ from voicegate.metrics import Metrics
 
 log = logging.getLogger("voicegate.call")
 
-# A playout queue longer than this is an agent bug, not a long prompt.
-MAX_PLAYOUT_S = 120
 # How long a hang-up waits for queued audio to be heard before it goes ahead anyway.
 MAX_HANGUP_WAIT_S = 30.0
-FRAME_MS = 20
-
-
-class PlayoutFull(RuntimeError):
-    pass
 
 
 class _Tick:

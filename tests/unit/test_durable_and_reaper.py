@@ -143,7 +143,7 @@ def test_the_reaper_is_idempotent_and_never_touches_a_live_session(
     now = 10_000.0
     try:
         for i, age in enumerate(ages):
-            session = _start(store, f"s{i}", owner=f"w/{i}", at=now - age)
+            _start(store, f"s{i}", owner=f"w/{i}", at=now - age)
             if touched[i]:
                 # A live owner heartbeats well inside the threshold.
                 store.touch(f"s{i}", owner=f"w/{i}", at=now - threshold / 3)
@@ -156,7 +156,6 @@ def test_the_reaper_is_idempotent_and_never_touches_a_live_session(
             stale = age > threshold and not touched[i]
             assert (f"s{i}" in first) == stale
             assert (summary.terminal_state == "failed") == stale
-        del session
     finally:
         store.close()
 
