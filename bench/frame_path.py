@@ -44,14 +44,13 @@ def micro(rate: int) -> None:
     vec = pj.ByteVector(pcm)
     target = pj.ByteVector()
     channel = MediaChannel(rate, inbound_frames=1 << 20)
-    channel.outbound.extend([pcm] * 200_000)
     rows = [
         ("read  naive bytes(vec)", lambda: slow_read(vec), 2000),
         ("read  fast pointer copy", lambda: fast_read(vec), 100_000),
         ("write naive slice assignment", lambda: slow_write(target, pcm), 5000),
         ("write fast memmove", lambda: fast_write(target, pcm), 100_000),
         ("ring push (media thread, in)", lambda: channel.push_inbound(pcm), 100_000),
-        ("playout pull (media thread, out)", channel.pull_outbound, 100_000),
+        ("playout pull (media thread, out)", channel.playout.pull, 100_000),
     ]
     print(f"  {rate} Hz, {size}-byte frame:")
     for label, fn, number in rows:

@@ -13,7 +13,7 @@ import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from config.errors import ConfigError
 from config.rules import Invalid
@@ -25,6 +25,12 @@ CONFIG_ENV = "VOICEGATE_CONFIG"
 # VOICEGATE_* variables that are not settings. Any other one is refused as a probable typo: a
 # misspelt override that silently does nothing is worse than a process that will not start.
 _NOT_SETTINGS = frozenset({CONFIG_ENV})
+# Keys that moved, so that an old config file gets told where its setting went.
+RENAMED: Final = {"sip.max_calls": "pool.calls_per_worker"}
+_RENAMED_ENV: Final = {
+    f"{ENV_PREFIX}{old.replace('.', '_').upper()}": f"{ENV_PREFIX}{new.replace('.', '_').upper()}"
+    for old, new in RENAMED.items()
+}
 
 
 def load_settings(
@@ -129,6 +135,8 @@ def _apply_env(
             known = [*BY_ENV, *_NOT_SETTINGS]
             near = difflib.get_close_matches(var, known, n=1, cutoff=0.6)
             hint = f"; did you mean {near[0]}?" if near else f"; see {CONFIG_ENV} and the reference"
+            if renamed := _RENAMED_ENV.get(var):
+                hint = f"; it was renamed {renamed}"
             problems.append(f"{var}: unknown voicegate environment variable{hint}")
             continue
         text = env[var]
@@ -155,6 +163,8 @@ def _hint(dotted: str, name: str) -> str:
     """The hint "; did you mean x.y?" for the likeliest intended key, or "" if none is near."""
     # Right key in the wrong section first (`[sip] rtp_port_min`), then the nearest spelling.
     moved = [k.dotted for k in KEYS if k.name == name and k.dotted != dotted]
+    if dotted in RENAMED:
+        return f"; it was renamed {RENAMED[dotted]}"
     near = moved or difflib.get_close_matches(dotted, list(BY_DOTTED), n=1, cutoff=0.6)
     return f"; did you mean {near[0]}?" if near else ""
 

@@ -57,14 +57,6 @@ _ADDRESS = ip_literal()
 class SipSettings:
     address: str = field(default="127.0.0.1", metadata=key(_ADDRESS, "Address the SIP stack binds"))
     port: int = field(default=5060, metadata=key(_PORT, "SIP port, shared by UDP and TCP"))
-    max_calls: int = field(
-        default=4,
-        metadata=key(
-            int_range(1, 4096),
-            "Calls at once in this process; the pjsua2 wheel is built for at most 4 "
-            "(PJSUA_MAX_CALLS) and refuses more, higher values need a rebuilt pjproject",
-        ),
-    )
     max_setup_rate: float = field(
         default=20.0,
         metadata=key(
@@ -93,6 +85,14 @@ class SipSettings:
             int_range(90, 86400),
             "RFC 4028 session interval offered and accepted; the dialog ends timed_out if "
             "no refresh comes (Min-SE is 90)",
+        ),
+    )
+    drain_deadline_s: float = field(
+        default=60.0,
+        metadata=key(
+            float_range(0, 86400),
+            "On SIGTERM new calls are refused (503) and live calls may go on this many seconds "
+            "before they are told the server is shutting down; a second signal skips the wait",
         ),
     )
     shutdown_grace_s: float = field(
@@ -201,6 +201,92 @@ class HttpSettings:
         default="127.0.0.1", metadata=key(_ADDRESS, "Address of the control API and /metrics")
     )
     port: int = field(default=8080, metadata=key(_PORT, "Port of the control API and /metrics"))
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSettings:
+    workers: int = field(
+        default=1,
+        metadata=key(
+            int_range(1, 64),
+            "Worker processes, each one pjsua2 endpoint; above 1 a supervisor runs them behind "
+            "Kamailio, which then owns sip.address:sip.port",
+        ),
+    )
+    calls_per_worker: int = field(
+        default=4,
+        metadata=key(
+            int_range(1, 4096),
+            "Calls at once in one worker; the pjsua2 wheel is built for at most 4 "
+            "(PJSUA_MAX_CALLS) and refuses more, higher values need a rebuilt pjproject",
+        ),
+    )
+    worker_address: str = field(
+        default="127.0.0.1",
+        metadata=key(
+            ip_literal(wildcard_ok=False),
+            "Address workers bind for SIP, and Kamailio's dispatcher list names (workers > 1)",
+        ),
+    )
+    worker_sip_port: int = field(
+        default=5100,
+        metadata=key(_PORT, "SIP port of worker 0; worker i uses worker_sip_port + i"),
+    )
+    worker_http_port: int = field(
+        default=8100,
+        metadata=key(
+            _PORT, "Loopback control port of worker 0 (for the supervisor); worker i adds i"
+        ),
+    )
+    front_door: bool = field(
+        default=True,
+        metadata=key(
+            boolean(),
+            "Run Kamailio here on sip.address:sip.port (workers > 1); false when the front door "
+            "runs elsewhere and lists this host's workers",
+        ),
+    )
+    kamailio: str = field(
+        default="kamailio",
+        metadata=key(header_text(), "Kamailio executable, a command name or a path"),
+    )
+    probe_interval_s: int = field(
+        default=2,
+        metadata=key(
+            int_range(1, 60),
+            "Seconds between Kamailio's OPTIONS probes of each worker; a worker failing two "
+            "in a row leaves the dispatcher set until it answers again",
+        ),
+    )
+    health_interval_s: float = field(
+        default=1.0,
+        metadata=key(float_range(0.1, 60), "Seconds between the supervisor's worker health checks"),
+    )
+    health_failures: int = field(
+        default=3,
+        metadata=key(
+            int_range(1, 100),
+            "Consecutive failed health checks after which a worker is killed and replaced",
+        ),
+    )
+    start_timeout_s: float = field(
+        default=30.0,
+        metadata=key(
+            float_range(1, 600), "Seconds a worker may take to become healthy after it starts"
+        ),
+    )
+    restart_backoff_s: float = field(
+        default=0.5,
+        metadata=key(
+            float_range(0, 60),
+            "Delay before restarting a worker that died; doubles per quick death, reset after "
+            "a minute up",
+        ),
+    )
+    restart_backoff_max_s: float = field(
+        default=30.0,
+        metadata=key(float_range(0, 3600), "Longest delay between restarts of a worker"),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,6 +408,7 @@ class Settings:
     http: HttpSettings = field(default_factory=HttpSettings)
     storage: StorageSettings = field(default_factory=StorageSettings)
     session: SessionSettings = field(default_factory=SessionSettings)
+    pool: PoolSettings = field(default_factory=PoolSettings)
     agent: AgentSettings = field(default_factory=AgentSettings)
     log: LogSettings = field(default_factory=LogSettings)
     faults: FaultSettings = field(default_factory=FaultSettings)
@@ -334,7 +421,9 @@ class Settings:
 
 @dataclass(frozen=True, slots=True)
 class CrossProblem:
-    keys: tuple[str, ...]  # dotted keys involved, e.g. ("media.rtp_port_min", "sip.max_calls")
+    keys: tuple[
+        str, ...
+    ]  # dotted keys involved, e.g. ("media.rtp_port_min", "pool.calls_per_worker")
     reason: str
 
 
@@ -351,13 +440,17 @@ def cross_check(s: Settings) -> list[CrossProblem]:
     rtp = ("media.rtp_port_min", "media.rtp_port_max")
     if m.rtp_port_min >= m.rtp_port_max:
         problems.append(CrossProblem(rtp, "rtp_port_min must be below rtp_port_max"))
-    elif (count := m.rtp_port_max - m.rtp_port_min + 1) < 2 * s.sip.max_calls:
-        # Each call holds an RTP and an RTCP socket (RFC 3550 section 11: RTCP on the next port).
+    elif (count := (m.rtp_port_max - m.rtp_port_min + 1) // s.pool.workers) < 2 * (
+        calls := s.pool.calls_per_worker
+    ):
+        # Each call holds an RTP and an RTCP socket (RFC 3550 section 11: RTCP on the next port);
+        # the workers split the range evenly.
+        pooled = s.pool.workers > 1
+        per = f"each of {s.pool.workers} workers {count}" if pooled else count
         problems.append(
             CrossProblem(
-                (*rtp, "sip.max_calls"),
-                f"the RTP range holds {count} ports but {s.sip.max_calls} calls need "
-                f"{2 * s.sip.max_calls} (2 per call)",
+                (*rtp, "pool.calls_per_worker", *(("pool.workers",) if pooled else ())),
+                f"the RTP range holds {per} ports but {calls} calls need {2 * calls} (2 per call)",
             )
         )
     if ipaddress.ip_address(m.address).is_unspecified and not m.public_address:
@@ -386,6 +479,64 @@ def cross_check(s: Settings) -> list[CrossProblem]:
             CrossProblem(
                 ("session.heartbeat_s", "session.reap_after_s"),
                 "reap_after_s must be at least 3 x heartbeat_s",
+            )
+        )
+    problems.extend(_pool_problems(s))
+    return problems
+
+
+def _pool_problems(s: Settings) -> list[CrossProblem]:
+    """With several workers, their SIP and control ports must collide with nothing else."""
+    p = s.pool
+    if p.workers == 1:
+        return []
+    problems: list[CrossProblem] = []
+    sip_ports = range(p.worker_sip_port, p.worker_sip_port + p.workers)
+    http_ports = range(p.worker_http_port, p.worker_http_port + p.workers)
+    if sip_ports.stop - 1 > 65535 or http_ports.stop - 1 > 65535:
+        problems.append(
+            CrossProblem(
+                ("pool.workers", "pool.worker_sip_port", "pool.worker_http_port"),
+                "worker ports would run past 65535",
+            )
+        )
+        return problems
+    if s.sip.port in sip_ports and _overlap(s.sip.address, p.worker_address):
+        problems.append(
+            CrossProblem(
+                ("sip.port", "pool.worker_sip_port", "pool.workers"),
+                f"worker SIP ports {sip_ports.start}-{sip_ports.stop - 1} include sip.port, "
+                "which Kamailio listens on",
+            )
+        )
+    rtp = range(s.media.rtp_port_min, s.media.rtp_port_max + 1)
+    if set(sip_ports) & set(rtp) and _overlap(s.media.address, p.worker_address):
+        problems.append(
+            CrossProblem(
+                ("pool.worker_sip_port", "media.rtp_port_min", "media.rtp_port_max"),
+                "worker SIP ports must lie outside the RTP range (both UDP)",
+            )
+        )
+    if set(http_ports) & {s.http.port}:
+        problems.append(
+            CrossProblem(
+                ("pool.worker_http_port", "http.port", "pool.workers"),
+                f"worker control ports {http_ports.start}-{http_ports.stop - 1} include "
+                "http.port, which the supervisor serves",
+            )
+        )
+    if set(http_ports) & set(sip_ports) and _overlap(p.worker_address, "127.0.0.1"):
+        problems.append(
+            CrossProblem(
+                ("pool.worker_http_port", "pool.worker_sip_port"),
+                "worker SIP (TCP) and control ports overlap",
+            )
+        )
+    if p.restart_backoff_s > p.restart_backoff_max_s:
+        problems.append(
+            CrossProblem(
+                ("pool.restart_backoff_s", "pool.restart_backoff_max_s"),
+                "restart_backoff_s must not exceed restart_backoff_max_s",
             )
         )
     return problems

@@ -5,6 +5,10 @@ status and any terminal state) to the store, and only then returns the effects f
 execute: nothing happens in the world before the log says why (STYLE.md habit 6). Loading a
 session is its latest checkpoint plus the events after it, so live state and rebuilt state are
 the same fold.
+
+Only a session holding the store's lease writes (``create`` or ``take_over``); ``load`` gives a
+read-only view. Once another process takes the session over, every write of this one raises
+:class:`~session.store.LeaseLost` and changes nothing.
 """
 
 from __future__ import annotations
@@ -16,15 +20,27 @@ from session import effects as fx
 from session import events as ev
 from session.machine import step
 from session.state import SessionState
-from session.store import Checkpoint, EventRecord, SessionStore, UnknownSession
+from session.store import Checkpoint, EventRecord, Lease, SessionStore, UnknownSession
 
 CHECKPOINT_EVERY = 20
 
 
+class ReadOnlySession(Exception):
+    """``apply`` on a session loaded without a lease: a caller's bug, not a store conflict."""
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(
+            f"session {session_id!r} was loaded read-only: take it over"
+            " (DurableSession.take_over) before applying events"
+        )
+        self.session_id = session_id
+
+
 class DurableSession:
-    def __init__(self, store: SessionStore, state: SessionState) -> None:
+    def __init__(self, store: SessionStore, state: SessionState, lease: Lease | None) -> None:
         self.store = store
         self.state = state
+        self.lease = lease  # None: read-only
 
     @property
     def session_id(self) -> str:
@@ -41,13 +57,26 @@ class DurableSession:
         offered: ev.CallOffered,
         now: float,
     ) -> tuple[DurableSession, list[fx.Effect]]:
-        store.create(session_id, owner=owner, meta=meta, at=now)
-        session = cls(store, SessionState(session_id))
+        lease = store.create(session_id, owner=owner, meta=meta, at=now)
+        session = cls(store, SessionState(session_id), lease)
         return session, session.apply(offered, now)
 
     @classmethod
+    def take_over(
+        cls, store: SessionStore, session_id: str, *, owner: str, now: float
+    ) -> DurableSession:
+        """Become the session's writer at the next lease epoch, then rebuild it.
+
+        The lease is taken first: the previous owner's writes are refused from then on, so the
+        state loaded after it is the whole log. Raises UnknownSession, or SessionFinished for a
+        session that already ended.
+        """
+        lease = store.take_over(session_id, owner=owner, at=now)
+        return cls(store, cls.load(store, session_id).state, lease)
+
+    @classmethod
     def load(cls, store: SessionStore, session_id: str) -> DurableSession:
-        """Rebuild from the latest checkpoint and the events logged after it."""
+        """Rebuild, read-only, from the latest checkpoint and the events logged after it."""
         if store.get(session_id) is None:
             raise UnknownSession(session_id)
         checkpoint = store.latest_checkpoint(session_id)
@@ -58,11 +87,20 @@ class DurableSession:
         )
         for record in store.events(session_id, after_seq=state.version):
             state, _ = step(state, ev.event_from_dict(record.type, record.payload), record.at)
-        return cls(store, state)
+        return cls(store, state, None)
 
     def apply(self, event: ev.Event, now: float) -> list[fx.Effect]:
-        """Fold, persist, return effects. Raises IllegalTransition (nothing changes) or a store
-        error (nothing is persisted and the in-memory state is not advanced)."""
+        """Fold, persist under the lease, return effects.
+
+        Raises ReadOnlySession without a lease; IllegalTransition (nothing changes); or a store
+        error from the append (LeaseLost first: see ``SessionStore.append``), when nothing is
+        persisted and the in-memory state is not advanced. A checkpoint refused after the append
+        (LeaseLost: taken over in between) raises too, with the event logged and the state
+        advanced; the caller must stop acting for the session either way.
+        """
+        lease = self.lease
+        if lease is None:
+            raise ReadOnlySession(self.session_id)
         before = self.state
         after, effects = step(before, event, now)
         if after.version != before.version:
@@ -76,12 +114,13 @@ class DurableSession:
             )
             self.store.append(
                 record,
+                lease=lease,
                 status=after.status(),
                 terminal_state=after.ended.terminal_state if after.ended else None,
             )
             self.state = after
             if after.version % CHECKPOINT_EVERY == 0 or after.terminal:
                 self.store.save_checkpoint(
-                    Checkpoint(after.session_id, after.version, after.to_dict(), now)
+                    Checkpoint(after.session_id, after.version, after.to_dict(), now), lease=lease
                 )
         return effects

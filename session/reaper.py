@@ -2,11 +2,13 @@
 
 A session's owner touches it every few seconds while it serves the call. A session that is not
 terminal and has not been written or touched for ``stale_after_s`` lost its process: the reaper
-appends a synthesized ``session_reaped`` event, which ends it ``failed`` at stage ``process``
-with what is known (outstanding tool intents are named and left for reconciliation, never
-assumed). Idempotent by construction: a reaped session is terminal, so it is never reaped again.
-It never finalises a live session: a live owner's touches keep it fresh, and an append from the
-owner racing the reaper makes one of the two fail on the log's sequence number.
+takes over its lease, then appends a synthesized ``session_reaped`` event, which ends it
+``failed`` at stage ``process`` with what is known (outstanding tool intents are named and left
+for reconciliation, never assumed). Idempotent by construction: a reaped session is terminal, so
+it is never reaped again, and the take-over of an ended session is refused.
+A live owner's touches keep its session fresh, so the reaper leaves it alone. An owner that
+stalled past ``stale_after_s`` and comes back finds its lease taken: its late writes are refused
+(LeaseLost) and it stops, so the reaper's verdict is final and the log never forks.
 """
 
 from __future__ import annotations
@@ -15,7 +17,13 @@ import logging
 
 from session.durable import DurableSession
 from session.events import SessionReaped
-from session.store import SequenceConflict, SessionFinished, SessionStore, SessionSummary
+from session.store import (
+    LeaseLost,
+    SequenceConflict,
+    SessionFinished,
+    SessionStore,
+    SessionSummary,
+)
 
 log = logging.getLogger("voicegate.reaper")
 
@@ -23,27 +31,42 @@ REASON_STALE = "the process serving the session stopped"
 REASON_PREDECESSOR = "the process serving the session exited before the session ended"
 
 
-def reap_one(store: SessionStore, summary: SessionSummary, *, now: float, reason: str) -> bool:
-    """Finalise one session; False if it ended meanwhile or another writer got there first."""
+def reap_one(
+    store: SessionStore, summary: SessionSummary, *, me: str, now: float, reason: str
+) -> bool:
+    """Take the session over as ``me`` and finalise it.
+
+    False if it ended meanwhile or another writer got there first (it took the session over
+    after us, or ended it).
+    """
     try:
-        session = DurableSession.load(store, summary.session_id)
+        session = DurableSession.take_over(store, summary.session_id, owner=me, now=now)
         if session.state.terminal:
             return False
         session.apply(SessionReaped(reason), now)
-    except (SequenceConflict, SessionFinished):
+    except (LeaseLost, SequenceConflict, SessionFinished):
         return False
     log.warning(
         "session.reaped",
-        extra={"session_id": summary.session_id, "owner": summary.owner, "reason": reason},
+        extra={
+            "session_id": summary.session_id,
+            "owner": summary.owner,
+            "by": me,
+            "epoch": session.lease.epoch if session.lease else None,
+            "reason": reason,
+        },
     )
     return True
 
 
-def reap_stale(store: SessionStore, *, now: float, stale_after_s: float) -> list[str]:
-    """Finalise every open session whose log and heartbeat are older than ``stale_after_s``."""
+def reap_stale(store: SessionStore, *, me: str, now: float, stale_after_s: float) -> list[str]:
+    """Finalise every open session whose log and heartbeat are older than ``stale_after_s``.
+
+    ``me`` is the caller's owner id: the reaper takes each session over under it.
+    """
     reaped = []
     for summary in store.open_sessions(updated_before=now - stale_after_s):
-        if reap_one(store, summary, now=now, reason=REASON_STALE):
+        if reap_one(store, summary, me=me, now=now, reason=REASON_STALE):
             reaped.append(summary.session_id)
     return reaped
 
@@ -58,7 +81,7 @@ def reap_predecessors(store: SessionStore, *, worker: str, me: str, now: float) 
     for summary in store.open_sessions(owner_prefix=f"{worker}/"):
         if summary.owner == me:
             continue
-        if reap_one(store, summary, now=now, reason=REASON_PREDECESSOR):
+        if reap_one(store, summary, me=me, now=now, reason=REASON_PREDECESSOR):
             reaped.append(summary.session_id)
     return reaped
 

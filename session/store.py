@@ -12,6 +12,13 @@ Tool intents and receipts implement the write path of ARCHITECTURE.md "Side effe
 persisted before the request is sent, keyed by its idempotency key, and its receipt after. Both are
 durable when the call returns, so a crash between any two steps leaves evidence to reconcile from
 (seed 000: "query side-effect receipts", never replay the write).
+
+Ownership is a lease with a fencing epoch, kept in the session's row. ``create`` hands out epoch 1;
+``take_over`` (a reaper, start-up reconciliation, another worker a caller rejoins through) moves the
+session to a new owner at the next epoch. Every write to a session presents its lease and is
+checked in the same transaction that writes, so once a session is taken over the previous owner's
+late writes are refused with :class:`LeaseLost` and change nothing: there is one writer per epoch,
+and epochs only grow.
 """
 
 from __future__ import annotations
@@ -55,12 +62,21 @@ class Checkpoint:
 
 
 @dataclass(frozen=True, slots=True)
+class Lease:
+    """The right to write one session: valid while the session's stored owner and epoch equal it."""
+
+    owner: str  # "worker-name/incarnation-uuid", as in SessionSummary.owner
+    epoch: int  # 1 at creation, +1 at each take-over
+
+
+@dataclass(frozen=True, slots=True)
 class SessionSummary:
     session_id: str
     created_at: float
     updated_at: float  # time of the last append or touch
     last_seq: int  # 0 before the first event
     owner: str | None  # "worker-name/incarnation-uuid" of the process serving the session
+    lease_epoch: int  # the epoch of the owner's lease: 1 at creation, +1 at each take-over
     status: str  # one-line status the caller derived from its state on the last append
     terminal_state: str | None  # one of TERMINAL_STATES once recorded, never changed after
     meta: Mapping[str, Any]
@@ -133,6 +149,23 @@ class SequenceConflict(StoreError):
         self.actual = actual
 
 
+class LeaseLost(StoreError):
+    """A write presented a lease the session no longer honours: it was taken over (reaped, settled
+    at start-up, or moved to another worker). Nothing was written. The holder must stop acting for
+    the session, not reload and retry: ``owner`` and ``epoch`` say who holds it now.
+    """
+
+    def __init__(self, session_id: str, lease: Lease, owner: str | None, epoch: int) -> None:
+        super().__init__(
+            f"session {session_id!r} is now owned by {owner!r} at epoch {epoch};"
+            f" lease ({lease.owner!r}, {lease.epoch}) is stale"
+        )
+        self.session_id = session_id
+        self.lease = lease
+        self.owner = owner
+        self.epoch = epoch
+
+
 class UnknownSession(StoreError):
     def __init__(self, session_id: str) -> None:
         super().__init__(f"unknown session {session_id!r}")
@@ -175,33 +208,66 @@ class SessionStore(Protocol):
     Every write is atomic and durable (committed) when it returns. Arguments a caller got wrong
     regardless of stored data (an unknown terminal state or outcome, a malformed cursor, a batch
     mixing sessions) raise ``ValueError``; conflicts with stored data raise a ``StoreError``.
+
+    Writes to a session's log, heartbeat and checkpoint present a :class:`Lease`. Tool intents and
+    receipts do not: an intent row follows the fenced append of its ``tool_intent`` event, and a
+    receipt is evidence of what a provider did, worth keeping whoever holds the session now.
     """
 
-    def create(self, session_id: str, *, owner: str, meta: Mapping[str, Any], at: float) -> None:
-        """Start a session with ``last_seq`` 0 and status ``"created"``. Raises SessionExists."""
+    def create(self, session_id: str, *, owner: str, meta: Mapping[str, Any], at: float) -> Lease:
+        """Start a session with ``last_seq`` 0 and status ``"created"``, owned by ``owner``.
+
+        Returns its first lease, ``Lease(owner, 1)``. Raises SessionExists.
+        """
         ...
 
     def append(
-        self, record: EventRecord, *, status: str, terminal_state: str | None = None
+        self,
+        record: EventRecord,
+        *,
+        lease: Lease,
+        status: str,
+        terminal_state: str | None = None,
     ) -> None:
         """Append one event: ``record.seq`` must be ``last_seq + 1``.
 
-        Raises UnknownSession, SessionFinished if a terminal state was already recorded, or
-        SequenceConflict; on any error nothing is written. Sets ``updated_at`` to ``record.at``,
-        ``status``, and ``terminal_state`` when given (which closes the log after this event).
+        Checked in this order, and on any error nothing is written: UnknownSession; LeaseLost if
+        ``lease`` is not the session's current one; SessionFinished if a terminal state was
+        already recorded; SequenceConflict. The lease comes before the log's state: a writer
+        that lost its lease must stop whatever the log says now, and SessionFinished or
+        SequenceConflict would invite it to reload and go on. Sets ``updated_at`` to
+        ``record.at``, ``status``, and ``terminal_state`` when given (which closes the log after
+        this event).
         """
         ...
 
     def append_many(
-        self, records: Sequence[EventRecord], *, status: str, terminal_state: str | None = None
+        self,
+        records: Sequence[EventRecord],
+        *,
+        lease: Lease,
+        status: str,
+        terminal_state: str | None = None,
     ) -> None:
-        """Append consecutive events of one session in one transaction: all or none."""
+        """Append consecutive events of one session in one transaction: all or none.
+
+        Checks as :meth:`append`.
+        """
         ...
 
-    def touch(self, session_id: str, *, owner: str, at: float) -> bool:
-        """Heartbeat: set ``updated_at`` if ``owner`` owns the session and it is open.
+    def touch(self, session_id: str, *, lease: Lease, at: float) -> bool:
+        """Heartbeat: set ``updated_at`` if ``lease`` is the session's current one and it is open.
 
-        Returns whether it did.
+        Returns whether it did: False for an unknown session, a stale lease or an ended session.
+        """
+        ...
+
+    def take_over(self, session_id: str, *, owner: str, at: float) -> Lease:
+        """Make ``owner`` the session's owner at the next epoch, atomically; returns the new lease.
+
+        Sets ``updated_at`` to ``at``. Every lease handed out before is stale from then on: its
+        appends, touches and checkpoints are refused. Raises UnknownSession, or SessionFinished
+        for a session whose log is closed (there is nothing left to own).
         """
         ...
 
@@ -214,11 +280,12 @@ class SessionStore(Protocol):
         """
         ...
 
-    def save_checkpoint(self, checkpoint: Checkpoint) -> None:
+    def save_checkpoint(self, checkpoint: Checkpoint, *, lease: Lease) -> None:
         """Keep ``checkpoint`` unless one with a higher seq is already stored.
 
-        ``seq`` must lie in ``0..last_seq`` (a checkpoint cannot run ahead of the log): else
-        StoreError. Raises UnknownSession.
+        Fenced like an append: raises UnknownSession, then LeaseLost for a stale lease. ``seq``
+        must lie in ``0..last_seq`` (a checkpoint cannot run ahead of the log): else StoreError.
+        An ended session still takes one (its owner checkpoints the terminal state).
         """
         ...
 

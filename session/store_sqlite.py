@@ -2,8 +2,10 @@
 
 Every write runs in ``BEGIN IMMEDIATE`` ... ``COMMIT``: the write lock is taken before the checks
 are read, so two processes sharing the file can never interleave a read-check-write (a stale
-writer gets SequenceConflict, not a forked log). ``synchronous=FULL`` makes a returned write
-survive power loss, not just a crash of the process: intents and receipts must (seed 000).
+writer gets SequenceConflict, not a forked log), and a lease is checked in the very transaction
+that writes under it (a taken-over owner gets LeaseLost, never a late write). ``synchronous=FULL``
+makes a returned write survive power loss, not just a crash of the process: intents and receipts
+must (seed 000).
 No column holds raw audio.
 """
 
@@ -25,6 +27,8 @@ from session.store import (
     Checkpoint,
     EventRecord,
     IdempotencyConflict,
+    Lease,
+    LeaseLost,
     SequenceConflict,
     SessionExists,
     SessionFinished,
@@ -44,7 +48,7 @@ if TYPE_CHECKING:
 
 R = TypeVar("R", bound="DataclassInstance")
 
-SCHEMA_VERSION: Final = 1  # PRAGMA user_version; a later migration steps it from here
+SCHEMA_VERSION: Final = 2  # PRAGMA user_version; _MIGRATIONS step an older file up to it
 
 _SCHEMA: Final = (
     f"""CREATE TABLE sessions (
@@ -55,7 +59,8 @@ _SCHEMA: Final = (
         owner          TEXT,
         status         TEXT NOT NULL,
         terminal_state TEXT CHECK (terminal_state IN {TERMINAL_STATES!r}),
-        meta           TEXT NOT NULL)""",
+        meta           TEXT NOT NULL,
+        lease_epoch    INTEGER NOT NULL DEFAULT 1 CHECK (lease_epoch >= 1))""",
     "CREATE INDEX sessions_newest ON sessions (created_at DESC, session_id DESC)",
     "CREATE INDEX sessions_open ON sessions (updated_at) WHERE terminal_state IS NULL",
     """CREATE TABLE events (
@@ -88,6 +93,16 @@ _SCHEMA: Final = (
         detail          TEXT NOT NULL,
         at              REAL NOT NULL)""",
 )
+
+# Version N -> N + 1. A new file gets _SCHEMA at once; its columns are in the order a migrated file
+# has them (ADD COLUMN appends), so both files are the same table.
+_MIGRATIONS: Final[Mapping[int, tuple[str, ...]]] = {
+    # 1 -> 2: the lease's fencing epoch. Sessions of a v1 file keep their owner at epoch 1.
+    1: (
+        "ALTER TABLE sessions ADD COLUMN"
+        " lease_epoch INTEGER NOT NULL DEFAULT 1 CHECK (lease_epoch >= 1)",
+    ),
+}
 
 _JSON_FIELDS: Final = frozenset({"payload", "effects", "state", "meta", "arguments", "detail"})
 
@@ -150,14 +165,21 @@ class SqliteSessionStore:
             raise
 
     def _migrate(self) -> None:
-        with self._write():  # two processes opening a new file at once create the schema once
+        # One transaction: two processes opening a file at once create or migrate it once, and a
+        # migration that fails leaves the file at its old version.
+        with self._write():
             (version,) = self._db.execute("PRAGMA user_version").fetchone()
+            if version == SCHEMA_VERSION:
+                return
             if version == 0:
-                for statement in _SCHEMA:
-                    self._db.execute(statement)
-                self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-            elif version != SCHEMA_VERSION:
+                statements: Sequence[str] = _SCHEMA
+            elif 0 < version < SCHEMA_VERSION:
+                statements = [s for v in range(version, SCHEMA_VERSION) for s in _MIGRATIONS[v]]
+            else:
                 raise StoreError(f"{self.path}: schema version {version} is not {SCHEMA_VERSION}")
+            for statement in statements:
+                self._db.execute(statement)
+            self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
     @contextmanager
     def _write(self) -> Iterator[None]:
@@ -185,35 +207,63 @@ class SqliteSessionStore:
         except sqlite3.Error as exc:
             raise StoreError(f"session store read failed: {exc}") from exc
 
-    def _open_session(self, session_id: str) -> int:
-        """Inside a write: the last seq of a session that exists and has not ended."""
+    def _open_session(self, session_id: str, lease: Lease | None = None) -> int:
+        """Inside a write: the last seq of a session that exists, honours ``lease`` (when given)
+        and has not ended; else UnknownSession, LeaseLost, SessionFinished, in that order."""
+        last_seq, terminal_state = self._fence(session_id, lease)
+        if terminal_state is not None:
+            raise SessionFinished(session_id, terminal_state)
+        return last_seq
+
+    def _fence(self, session_id: str, lease: Lease | None) -> tuple[int, str | None]:
+        """Inside a write: last seq and terminal state of a session that honours ``lease``, if any.
+
+        The write lock is held from here to COMMIT, so no take-over slips in between the check and
+        the write it guards.
+        """
         row = self._db.execute(
-            "SELECT last_seq, terminal_state FROM sessions WHERE session_id = ?", (session_id,)
+            "SELECT last_seq, terminal_state, owner, lease_epoch FROM sessions"
+            " WHERE session_id = ?",
+            (session_id,),
         ).fetchone()
         if row is None:
             raise UnknownSession(session_id)
-        if row[1] is not None:
-            raise SessionFinished(session_id, row[1])
-        return int(row[0])
+        last_seq, terminal_state, owner, epoch = row
+        if lease is not None and (owner, epoch) != (lease.owner, lease.epoch):
+            raise LeaseLost(session_id, lease, owner, epoch)
+        return int(last_seq), terminal_state
 
     def close(self) -> None:
         self._db.close()
 
-    def create(self, session_id: str, *, owner: str, meta: Mapping[str, Any], at: float) -> None:
-        params = _params(SessionSummary(session_id, at, at, 0, owner, "created", None, meta))
+    def create(self, session_id: str, *, owner: str, meta: Mapping[str, Any], at: float) -> Lease:
+        lease = Lease(owner, 1)
+        summary = SessionSummary(session_id, at, at, 0, owner, lease.epoch, "created", None, meta)
+        params = _params(summary)
         with self._write():
             exists = "SELECT 1 FROM sessions WHERE session_id = ?"
             if self._db.execute(exists, (session_id,)).fetchone():
                 raise SessionExists(session_id)
             self._db.execute(_insert("sessions", SessionSummary), params)
+        return lease
 
     def append(
-        self, record: EventRecord, *, status: str, terminal_state: str | None = None
+        self,
+        record: EventRecord,
+        *,
+        lease: Lease,
+        status: str,
+        terminal_state: str | None = None,
     ) -> None:
-        self.append_many([record], status=status, terminal_state=terminal_state)
+        self.append_many([record], lease=lease, status=status, terminal_state=terminal_state)
 
     def append_many(
-        self, records: Sequence[EventRecord], *, status: str, terminal_state: str | None = None
+        self,
+        records: Sequence[EventRecord],
+        *,
+        lease: Lease,
+        status: str,
+        terminal_state: str | None = None,
     ) -> None:
         check_terminal_state(terminal_state)
         if not records:
@@ -224,7 +274,7 @@ class SqliteSessionStore:
         # Serialized before the lock is taken: a payload that is not JSON fails without a write.
         rows = [_params(record) for record in records]
         with self._write():
-            last_seq = self._open_session(session_id)
+            last_seq = self._open_session(session_id, lease)
             for offset, record in enumerate(records):
                 if record.seq != last_seq + 1 + offset:
                     raise SequenceConflict(session_id, record.seq, last_seq + offset)
@@ -235,14 +285,26 @@ class SqliteSessionStore:
                 (records[-1].seq, records[-1].at, status, terminal_state, session_id),
             )
 
-    def touch(self, session_id: str, *, owner: str, at: float) -> bool:
+    def touch(self, session_id: str, *, lease: Lease, at: float) -> bool:
         with self._write():
             cursor = self._db.execute(
-                "UPDATE sessions SET updated_at = ?"
-                " WHERE session_id = ? AND owner = ? AND terminal_state IS NULL",
-                (at, session_id, owner),
+                "UPDATE sessions SET updated_at = ? WHERE session_id = ? AND owner = ?"
+                " AND lease_epoch = ? AND terminal_state IS NULL",
+                (at, session_id, lease.owner, lease.epoch),
             )
             return cursor.rowcount == 1
+
+    def take_over(self, session_id: str, *, owner: str, at: float) -> Lease:
+        with self._write():
+            self._open_session(session_id)
+            self._db.execute(
+                "UPDATE sessions SET owner = ?, lease_epoch = lease_epoch + 1, updated_at = ?"
+                " WHERE session_id = ?",
+                (owner, at, session_id),
+            )
+            select = "SELECT lease_epoch FROM sessions WHERE session_id = ?"
+            (epoch,) = self._db.execute(select, (session_id,)).fetchone()
+        return Lease(owner, int(epoch))
 
     def events(
         self, session_id: str, *, after_seq: int = 0, limit: int | None = None
@@ -253,17 +315,14 @@ class SqliteSessionStore:
         params = (session_id, after_seq, -1 if limit is None else limit)
         return self._select(EventRecord, "events", where, params)
 
-    def save_checkpoint(self, checkpoint: Checkpoint) -> None:
+    def save_checkpoint(self, checkpoint: Checkpoint, *, lease: Lease) -> None:
         params = _params(checkpoint)
         with self._write():
-            last = "SELECT last_seq FROM sessions WHERE session_id = ?"
-            row = self._db.execute(last, (checkpoint.session_id,)).fetchone()
-            if row is None:
-                raise UnknownSession(checkpoint.session_id)
-            if not 0 <= checkpoint.seq <= row[0]:
+            last_seq, _ = self._fence(checkpoint.session_id, lease)
+            if not 0 <= checkpoint.seq <= last_seq:
                 raise StoreError(
                     f"session {checkpoint.session_id!r}: checkpoint at seq {checkpoint.seq}"
-                    f" is outside the log (0..{row[0]})"
+                    f" is outside the log (0..{last_seq})"
                 )
             # A late save of an older checkpoint must not replace a newer one.
             self._db.execute(

@@ -1,20 +1,27 @@
-"""``voicegate serve`` and ``voicegate check-config``."""
+"""``voicegate serve``, ``voicegate worker`` and ``voicegate check-config``."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
-import signal
+import re
 import sys
+from pathlib import Path
 
 from aiohttp import web
 
 from config import ConfigError, Settings, load_settings
+from config.workers import worker_settings, worker_slots
 from telephony.endpoint import TelephonyStartError
+from voicegate.front_door import front_door_for
 from voicegate.http_api import make_app
+from voicegate.kamailio_config import render_config, render_dispatcher_list
 from voicegate.logs import setup_logging
 from voicegate.runtime import Runtime
+from voicegate.signals import stop_signals
+from voicegate.supervisor import SupervisorStartError, supervise
 
 log = logging.getLogger("voicegate")
 
@@ -27,6 +34,29 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="answer calls (embedded defaults without --config)")
     serve.add_argument("--config", metavar="FILE", help="TOML settings file")
+    worker = sub.add_parser(
+        "worker", help="run one worker of a pool (the supervisor of `serve` starts these)"
+    )
+    worker.add_argument("--config", metavar="FILE", help="TOML settings file")
+    worker.add_argument("--index", type=int, required=True, help="the worker's slot in the pool")
+    door = sub.add_parser(
+        "front-door-config",
+        help="write the Kamailio front door's configuration (for workers on several hosts)",
+    )
+    door.add_argument("--config", metavar="FILE", help="TOML settings file")
+    door.add_argument(
+        "--worker",
+        action="append",
+        default=[],
+        metavar="NAME=SIP_URI",
+        help="a worker, e.g. hostb.0=sip:10.0.0.12:5100 (repeat; default: this host's pool)",
+    )
+    door.add_argument("--run-dir", default="/run/voicegate-front", help="Kamailio's runtime dir")
+    door.add_argument("--out", default=".", help="directory to write the two files into")
+    door.add_argument(
+        "--list-file",
+        help="where Kamailio will read dispatcher.list (default: the written one, absolute)",
+    )
     check = sub.add_parser("check-config", help="validate settings without starting")
     check.add_argument("file", nargs="?", metavar="FILE", help="TOML settings file")
     return parser
@@ -34,7 +64,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    path = args.config if args.command == "serve" else args.file
+    path = args.file if args.command == "check-config" else args.config
     try:
         settings = load_settings(path)
     except ConfigError as exc:
@@ -43,9 +73,34 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "check-config":
         print(f"voicegate: config OK ({path or 'embedded defaults'})")
         return 0
-    setup_logging(settings.log.level, settings.log.format)
+    if args.command == "front-door-config":
+        out = Path(args.out).resolve()
+        list_file = Path(args.list_file) if args.list_file else out / "dispatcher.list"
+        return write_front_door_config(settings, args.worker, Path(args.run_dir), out, list_file)
+    if args.command == "worker":
+        if not 0 <= args.index < settings.pool.workers:
+            print(
+                f"voicegate: worker index {args.index} is outside pool.workers = "
+                f"{settings.pool.workers}",
+                file=sys.stderr,
+            )
+            return EXIT_CONFIG
+        settings = worker_settings(settings, args.index)
+    pooled = settings.pool.workers > 1
+    process = (
+        ("supervisor" if args.command == "serve" else settings.session.worker_name)
+        if pooled
+        else None
+    )
+    setup_logging(settings.log.level, settings.log.format, process)
     try:
+        if args.command == "serve" and settings.pool.workers > 1:
+            return asyncio.run(supervise(settings, args.config))
         return asyncio.run(serve(settings))
+    except SupervisorStartError as exc:
+        log.error("startup.failed", extra={"error": str(exc)})
+        print(f"voicegate: cannot start the pool: {exc}", file=sys.stderr)
+        return EXIT_START
     except TelephonyStartError as exc:
         log.error("startup.failed", extra={"error": str(exc)})
         print(f"voicegate: cannot start SIP: {exc}", file=sys.stderr)
@@ -56,11 +111,31 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_START
 
 
+def write_front_door_config(
+    settings: Settings, specs: list[str], run_dir: Path, out: Path, list_file: Path
+) -> int:
+    workers = [(slot.name, slot.sip_uri) for slot in worker_slots(settings)]
+    if specs:
+        workers = []
+        for spec in specs:
+            name, _, uri = spec.partition("=")
+            if not re.fullmatch(r"[A-Za-z0-9._-]{1,64}", name) or not uri.startswith("sip:"):
+                print(f"voicegate: --worker {spec!r}: expected NAME=sip:host:port", file=sys.stderr)
+                return EXIT_CONFIG
+            workers.append((name, uri))
+    door = front_door_for(
+        settings.sip.address, settings.sip.port, run_dir, settings.pool.probe_interval_s
+    )
+    door = dataclasses.replace(door, dispatcher_list=list_file)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "kamailio.cfg").write_text(render_config(door))
+    (out / "dispatcher.list").write_text(render_dispatcher_list(workers))
+    print(f"voicegate: wrote {out / 'kamailio.cfg'} and {out / 'dispatcher.list'}")
+    return 0
+
+
 async def serve(settings: Settings) -> int:
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
+    stop, hurry = stop_signals()
     runtime = Runtime(settings)
     app_runner = web.AppRunner(make_app(runtime), access_log=None)
     await app_runner.setup()
@@ -80,7 +155,7 @@ async def serve(settings: Settings) -> int:
         await stop.wait()
         log.info("serve.signal")
     finally:
-        await runtime.shutdown()
+        await runtime.shutdown(drain_s=settings.sip.drain_deadline_s, skip_drain=hurry)
         await app_runner.cleanup()
     return 0
 

@@ -1,16 +1,35 @@
-"""The control plane of one process: health, readiness, metrics and the calls API (aiohttp)."""
+"""The control plane of one process: health, readiness, metrics and the calls API (aiohttp).
+
+The sessions API reads only the store, so the pool's supervisor serves the same handlers over the
+store its workers share (:class:`SessionsView`).
+"""
 
 from __future__ import annotations
+
+from typing import Protocol
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from session.durable import DurableSession
 from session.state import TERMINAL_STATES
-from session.store import SessionSummary
+from session.store import SessionStore, SessionSummary
 from voicegate.runtime import Runtime
 
+
+class SessionsView(Protocol):
+    """What the sessions API needs: the store, the reaper, and which sessions are live here."""
+
+    @property
+    def store(self) -> SessionStore: ...
+
+    def reap(self) -> list[str]: ...
+
+    def is_live(self, session_id: str) -> bool: ...
+
+
 RUNTIME = web.AppKey("runtime", Runtime)
+SESSIONS = web.AppKey("sessions", SessionsView)
 
 
 def _error(status: int, message: str, **fields: object) -> web.Response:
@@ -19,7 +38,7 @@ def _error(status: int, message: str, **fields: object) -> web.Response:
 
 async def healthz(request: web.Request) -> web.Response:
     """Alive: the event loop answers. Says nothing about SIP (that is /readyz)."""
-    return web.json_response({"status": "ok"})
+    return web.json_response({"status": "ok", "owner": request.app[RUNTIME].owner})
 
 
 async def readyz(request: web.Request) -> web.Response:
@@ -60,12 +79,22 @@ async def get_call(request: web.Request) -> web.Response:
     )
 
 
+async def hangup_call(request: web.Request) -> web.Response:
+    """An operator ends a live call: the caller gets a BYE, the session ends ``canceled``."""
+    runtime = request.app[RUNTIME]
+    call_id = request.match_info["call_id"]
+    if not runtime.hang_up(call_id, "hung up by operator"):
+        return _error(404, "no such live call here", call_id=call_id)
+    return web.json_response({"call_id": call_id, "hanging_up": True}, status=202)
+
+
 def _summary_json(summary: SessionSummary) -> dict[str, object]:
     return {
         "session_id": summary.session_id,
         "created_at": summary.created_at,
         "updated_at": summary.updated_at,
         "owner": summary.owner,
+        "lease_epoch": summary.lease_epoch,
         "status": summary.status,
         "terminal_state": summary.terminal_state,
         "events": summary.last_seq,
@@ -78,7 +107,7 @@ MAX_LIMIT = 500
 
 
 async def list_sessions(request: web.Request) -> web.Response:
-    runtime = request.app[RUNTIME]
+    view = request.app[SESSIONS]
     query = request.query
     unknown = sorted(set(query) - {"state", "terminal_state", "limit", "cursor"})
     if unknown:
@@ -122,9 +151,9 @@ async def list_sessions(request: web.Request) -> web.Response:
         return _error(
             400, "state=open sessions have no terminal_state", parameter="state", value=state
         )
-    runtime.reap()  # seed 004: the reaper runs on read
+    view.reap()  # seed 004: the reaper runs on read
     try:
-        summaries, cursor = runtime.store.list(
+        summaries, cursor = view.store.list(
             terminal_state=terminal_filter,
             open_only=open_only,
             limit=int(raw_limit),
@@ -145,20 +174,20 @@ async def list_sessions(request: web.Request) -> web.Response:
 
 
 async def get_session(request: web.Request) -> web.Response:
-    runtime = request.app[RUNTIME]
+    view = request.app[SESSIONS]
     session_id = request.match_info["session_id"]
-    summary = runtime.store.get(session_id)
+    summary = view.store.get(session_id)
     if summary is None:
         return _error(404, "no such session", session_id=session_id)
     if summary.terminal_state is None:
-        runtime.reap()  # seed 004: a dead process's session is finalised when it is read
-    session = DurableSession.load(runtime.store, session_id)
+        view.reap()  # seed 004: a dead process's session is finalised when it is read
+    session = DurableSession.load(view.store, session_id)
     state = session.state
-    events = runtime.store.events(session_id)
+    events = view.store.events(session_id)
     intents = []
     for outstanding in state.outstanding:
-        stored = runtime.store.intent(outstanding.key)
-        receipt = runtime.store.receipt(outstanding.key)
+        stored = view.store.intent(outstanding.key)
+        receipt = view.store.receipt(outstanding.key)
         intents.append(
             {
                 "key": outstanding.key,
@@ -171,12 +200,12 @@ async def get_session(request: web.Request) -> web.Response:
                 "receipt": receipt.outcome if receipt else None,
             }
         )
-    summary = runtime.store.get(session_id) or summary
+    summary = view.store.get(session_id) or summary
     return web.json_response(
         {
             **_summary_json(summary),
             "status": state.status(),
-            "live": session_id in runtime.calls,
+            "live": view.is_live(session_id),
             "dimensions": {
                 "signaling": state.signaling.value,
                 "media": state.media.value,
@@ -227,6 +256,12 @@ def make_app(runtime: Runtime) -> web.Application:
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/v1/calls", list_calls)
     app.router.add_get("/v1/calls/{call_id}", get_call)
+    app.router.add_post("/v1/calls/{call_id}/hangup", hangup_call)
+    add_sessions_routes(app, runtime)
+    return app
+
+
+def add_sessions_routes(app: web.Application, view: SessionsView) -> None:
+    app[SESSIONS] = view
     app.router.add_get("/v1/sessions", list_sessions)
     app.router.add_get("/v1/sessions/{session_id}", get_session)
-    return app

@@ -9,6 +9,7 @@ effects (clear playout, say a prompt, hang up, arm a timer).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import logging
 import time
@@ -29,7 +30,7 @@ from session import events as sev
 from session.durable import DurableSession
 from session.machine import RETRY, IllegalTransition
 from session.state import Outstanding
-from session.store import SessionStore, StoreError
+from session.store import LeaseLost, SessionStore, StoreError
 from telephony import events as ev
 from telephony.media_bridge import MediaChannel
 from telephony.sip_message import mask_uri
@@ -140,6 +141,7 @@ class LiveCall:
         self._hangup: HangupPlan | None = None
         self._hangup_waiting_since: float | None = None
         self._in_dtmf = False
+        self._lease_lost: LeaseLost | None = None
         self.tools = CallTools(
             self.call_id,
             services,
@@ -162,6 +164,9 @@ class LiveCall:
             "codec": self.codec,
             "media": self.media_health,
             "rate": self.channel.rate if self.channel else None,
+            # Frames the media port moved: 50 a second each way while the media clock keeps up.
+            "frames_in": self.channel.rx_frames if self.channel else None,
+            "frames_out": self.channel.playout.pulls if self.channel else None,
             "started_at": self.started_at,
             "answered_at": self.answered_at,
             "duration_s": round(now - self.started_at, 3),
@@ -181,8 +186,17 @@ class LiveCall:
 
     def touch(self) -> None:
         """Heartbeat: tell the store this session's owner is alive (the reaper's signal)."""
-        if self.session is not None and not self.session.state.terminal:
-            self._services.store.touch(self.call_id, owner=self._services.owner, at=self._wall())
+        session = self.session
+        if session is None or session.lease is None or session.state.terminal:
+            return
+        if self._lease_lost is None and not self._services.store.touch(
+            self.call_id, lease=session.lease, at=self._wall()
+        ):
+            # Refused while the session is open here: another process took it over.
+            held = self._services.store.get(self.call_id)
+            if held is not None:
+                lost = LeaseLost(self.call_id, session.lease, held.owner, held.lease_epoch)
+                self._lose_lease(lost)
 
     # --- CallControl ----------------------------------------------------------------------------
 
@@ -284,6 +298,8 @@ class LiveCall:
         session = self.session
         if session is None:
             return []
+        if self._lease_lost is not None:
+            raise self._lease_lost  # the session is another process's now: write nothing
         try:
             effects = session.apply(event, self._wall())
         except IllegalTransition as exc:
@@ -292,6 +308,9 @@ class LiveCall:
                 "session.rejected",
                 extra={"call_id": self.call_id, "event_type": event.type, "why": exc.why},
             )
+            raise
+        except LeaseLost as exc:
+            self._lose_lease(exc)
             raise
         except StoreError:
             log.exception("session.store_failed", extra={"call_id": self.call_id})
@@ -302,9 +321,37 @@ class LiveCall:
     def _try(self, event: sev.Event) -> bool:
         try:
             self._apply(event)
-        except IllegalTransition:
+        except (IllegalTransition, LeaseLost):  # LeaseLost: _lose_lease has stopped the call
             return False
         return True
+
+    def _lose_lease(self, lost: LeaseLost) -> None:
+        """The session was taken over (reaped, or moved to another worker): stop acting for it.
+
+        Nothing more is written (every later step raises ``lost`` before reaching the store),
+        timers and tool requests stop, and the dialog is ended here without a session event: the
+        session's new owner records how it ends.
+        """
+        if self._lease_lost is not None:
+            return
+        self._lease_lost = lost
+        log.warning(
+            "session.lease_lost",
+            extra={
+                "call_id": self.call_id,
+                "session_id": lost.session_id,
+                "owner": lost.owner,
+                "epoch": lost.epoch,
+                "lease_epoch": lost.lease.epoch,
+            },
+        )
+        for handle in self._timers.values():
+            handle.cancel()
+        self._timers.clear()
+        self.tools.cancel()
+        if self.phase not in (CallPhase.ENDING, CallPhase.ENDED):
+            self.phase = CallPhase.ENDING
+            self._services.submit(ev.Hangup(self.call_id))
 
     def _execute(self, effects: list[fx.Effect]) -> None:
         self._services.record_effects(effects)
@@ -445,7 +492,10 @@ class LiveCall:
         try:
             while self.phase is not CallPhase.ENDED:
                 item = await self.events.get()
-                await self._handle(item)
+                # A lost lease was handled where it was raised (_lose_lease): the call is hanging
+                # up, and this loop waits for the dialog's end without writing.
+                with contextlib.suppress(LeaseLost):
+                    await self._handle(item)
         finally:
             for handle in self._timers.values():
                 handle.cancel()

@@ -46,9 +46,23 @@ class TextFormatter(logging.Formatter):
         return f"{base} {extras}" if extras else base
 
 
-def setup_logging(level: str, fmt: str) -> None:
+class _Tag(logging.Filter):
+    """Names the process on every line, so a pool's interleaved logs say which worker spoke."""
+
+    def __init__(self, process: str) -> None:
+        super().__init__()
+        self.process = process
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.proc = self.process
+        return True
+
+
+def setup_logging(level: str, fmt: str, process: str | None = None) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    if process is not None:
+        handler.addFilter(_Tag(process))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -1,4 +1,10 @@
-"""The Prometheus metrics of one voicegate process, on a registry of their own."""
+"""The Prometheus metrics of one voicegate process, on a registry of their own.
+
+In a pool each worker runs with ``PROMETHEUS_MULTIPROC_DIR`` set by the supervisor, so these
+values also land in per-process files that the supervisor's ``/metrics`` sums over all workers
+(prometheus-client's multiprocess mode). Each gauge says how workers combine: active calls add up
+over live workers, and so do bound transports (the number of workers with SIP up).
+"""
 
 from __future__ import annotations
 
@@ -21,7 +27,10 @@ class Metrics:
         GCCollector(registry=self.registry)
         r = self.registry
         self.calls_active = Gauge(
-            "voicegate_calls_active", "Calls offered and not yet ended", registry=r
+            "voicegate_calls_active",
+            "Calls offered and not yet ended",
+            registry=r,
+            multiprocess_mode="livesum",
         )
         self.calls_offered = Counter(
             "voicegate_calls_offered_total", "INVITEs accepted as calls", registry=r
@@ -53,12 +62,16 @@ class Metrics:
             registry=r,
         )
         self.sip_ready = Gauge(
-            "voicegate_sip_transports_up", "1 while the SIP transports are bound", registry=r
+            "voicegate_sip_transports_up",
+            "1 while the SIP transports are bound (in a pool: workers with SIP up)",
+            registry=r,
+            multiprocess_mode="livesum",
         )
         self.fast_frame_copy = Gauge(
             "voicegate_fast_frame_copy",
             "1 if the verified pointer copy is used for frames, 0 for the slow SWIG copy",
             registry=r,
+            multiprocess_mode="livemin",
         )
         self.sessions_ended = Counter(
             "voicegate_sessions_ended_total",

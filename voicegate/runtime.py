@@ -61,7 +61,7 @@ def endpoint_config(settings: Settings) -> EndpointConfig:
         rtp_port_max=media.rtp_port_max,
         codecs=tuple(media.codecs),
         clock_rate=media.clock_rate,
-        max_calls=sip.max_calls,
+        max_calls=settings.pool.calls_per_worker,
         max_setup_rate=sip.max_setup_rate,
         numbers=frozenset(sip.numbers),
         user_agent=sip.user_agent,
@@ -109,6 +109,7 @@ class Runtime:
         self.sip: SipEndpoint | None = None
         self.sip_ready = False
         self.draining = False
+        self._shutting_down = False
         self._ticker: asyncio.TimerHandle | None = None
         self._housekeeping: asyncio.Task[None] | None = None
         self._next_tick = 0.0
@@ -171,7 +172,10 @@ class Runtime:
     def reap(self, *, now: float | None = None) -> list[str]:
         """Finalise sessions whose process stopped (seed 004's reaper); safe to call any time."""
         reaped = reap_stale(
-            self.store, now=now or self._wall(), stale_after_s=self.settings.session.reap_after_s
+            self.store,
+            me=self.owner,
+            now=now or self._wall(),
+            stale_after_s=self.settings.session.reap_after_s,
         )
         if reaped:
             self.metrics.sessions_reaped.labels("stale").inc(len(reaped))
@@ -315,19 +319,52 @@ class Runtime:
         finally:
             self.calls.pop(call.call_id, None)
 
+    def is_live(self, session_id: str) -> bool:
+        return session_id in self.calls
+
+    def hang_up(self, call_id: str, reason: str) -> bool:
+        """End a live call now (BYE, or a refusal if it is not answered yet); False if unknown."""
+        call = self.calls.get(call_id)
+        if call is None:
+            return False
+        # 480 Temporarily Unavailable for one still ringing; an answered call gets a BYE.
+        call.end(HangupPlan("canceled", reason), after_playout=False, status=480)
+        return True
+
     def live_calls(self) -> list[dict[str, object]]:
         return [call.snapshot() for call in self.calls.values()]
 
-    async def shutdown(self) -> None:
-        """Staged shutdown: refuse new calls, tell live callers and BYE them, then stop PJSIP.
+    def start_drain(self) -> None:
+        """Refuse new calls (503, so a front door tries elsewhere) and report not ready."""
+        if not self.draining:
+            self.draining = True
+            self.submit(ev.Drain())
+            log.info("drain.begin", extra={"live_calls": len(self.calls)})
 
-        Every live call ends with a recorded terminal state (``canceled``, reason "server shutting
-        down") within ``sip.shutdown_grace_s`` plus a few seconds.
+    async def shutdown(
+        self, *, drain_s: float = 0.0, skip_drain: asyncio.Event | None = None
+    ) -> None:
+        """Staged shutdown: refuse new calls, let live calls finish for up to ``drain_s`` (or
+        until ``skip_drain`` is set), then tell the callers still on the line and BYE them, then
+        stop PJSIP.
+
+        Every live call ends with a recorded terminal state: its own, or ``canceled`` (reason
+        "server shutting down") within ``drain_s`` plus ``sip.shutdown_grace_s`` plus a few seconds.
         """
-        if self.draining:
+        if self._shutting_down:
             return
-        self.draining = True
-        self.submit(ev.Drain())
+        self._shutting_down = True
+        self.start_drain()
+        if self.calls and drain_s > 0:
+            waits: list[asyncio.Future[object]] = [
+                asyncio.ensure_future(self._wait_calls_done(drain_s))
+            ]
+            if skip_drain is not None:
+                waits.append(asyncio.ensure_future(skip_drain.wait()))
+            _, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            for waiter in pending:
+                waiter.cancel()
+            log.info("drain.end", extra={"live_calls": len(self.calls)})
         log.info("shutdown.begin", extra={"live_calls": len(self.calls)})
         intent = HangupPlan("canceled", "server shutting down")
         for call in list(self.calls.values()):

@@ -4,6 +4,11 @@ A worker that restarts after a crash owns the sessions its earlier incarnation l
 gets ``owner_lost`` (the caller is gone), then every outstanding intent is settled, from a stored
 receipt or the provider's status endpoint, and recorded as a ``tool_receipt`` (an unknown outcome
 ends the session ``needs_human``). Only then does the reaper finalise what is left as ``failed``.
+Before writing, each session is taken over (its lease moves to the next epoch), so a predecessor
+that was only stalled, not dead, can no longer write to it. The taker is ``<me>/reconcile``, not
+``me``: what it leaves open is still a predecessor's session, which ``reap_predecessors`` (it
+skips only ``me``'s own live sessions) finalises next. A session another process takes over
+meanwhile is left to that process.
 Nothing is ever sent again (seed 000: "Automatically replaying the last tool request after
 reconnection, causing duplicate charges" is the failure this prevents).
 """
@@ -18,7 +23,7 @@ from config.tools import ToolSettings
 from session import effects as fx
 from session import events as sev
 from session.durable import DurableSession
-from session.store import SessionStore, ToolIntent, ToolReceipt
+from session.store import LeaseLost, SessionFinished, SessionStore, ToolIntent, ToolReceipt
 from voicegate.tool_client import DEFINITIVE, ToolClient, ToolOutcome
 
 log = logging.getLogger("voicegate.reconcile")
@@ -42,10 +47,17 @@ async def settle_predecessors(
     for summary in store.open_sessions(owner_prefix=f"{worker}/"):
         if summary.owner == me:
             continue
-        session = DurableSession.load(store, summary.session_id)
-        if not session.state.outstanding:
+        if not DurableSession.load(store, summary.session_id).state.outstanding:
             continue  # nothing in flight: the reaper alone finalises it
-        record_effects(session.apply(sev.OwnerLost("the process serving the call died"), wall()))
+        try:
+            session = DurableSession.take_over(
+                store, summary.session_id, owner=f"{me}/reconcile", now=wall()
+            )
+            lost = sev.OwnerLost("the process serving the call died")
+            record_effects(session.apply(lost, wall()))
+        except (LeaseLost, SessionFinished) as exc:
+            _left_to_another(summary.session_id, exc)
+            continue
         for intent in session.state.outstanding:
             if session.state.terminal:
                 break
@@ -71,14 +83,15 @@ async def settle_predecessors(
                     intent.key, outcome.outcome, {**outcome.detail, "via": "startup"}, wall()
                 )
             )
-            record_effects(
-                session.apply(
-                    sev.ToolReceipt(
-                        intent.key, outcome.outcome, str(outcome.detail.get("reason", ""))
-                    ),
-                    wall(),
-                )
+            receipt = sev.ToolReceipt(
+                intent.key, outcome.outcome, str(outcome.detail.get("reason", ""))
             )
+            try:
+                record_effects(session.apply(receipt, wall()))
+            except LeaseLost as exc:
+                # The stored receipt stays: whoever owns the session now settles from it.
+                _left_to_another(summary.session_id, exc)
+                break
             on_outcome(intent.tool, outcome.outcome)
             settled += 1
             log.warning(
@@ -90,6 +103,11 @@ async def settle_predecessors(
                 },
             )
     return settled
+
+
+def _left_to_another(session_id: str, exc: LeaseLost | SessionFinished) -> None:
+    # Another process took the session over, or finalised it, first: it is that process's now.
+    log.warning("reconcile.lease_lost", extra={"session_id": session_id, "why": str(exc)})
 
 
 async def _settle(

@@ -35,7 +35,7 @@ def free_port(*, udp_and_tcp: bool = True) -> int:
     for _ in range(200):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as tcp:
             tcp.bind((LOOPBACK, 0))
-            port = tcp.getsockname()[1]
+            port = int(tcp.getsockname()[1])
             if port in _used_ports:
                 continue
             if udp_and_tcp:
@@ -47,6 +47,32 @@ def free_port(*, udp_and_tcp: bool = True) -> int:
             _used_ports.add(port)
             return port
     raise RuntimeError("no free port")
+
+
+def free_port_block(count: int, *, udp_and_tcp: bool = True) -> int:
+    """The first of ``count`` consecutive free loopback ports (a pool's workers take one each)."""
+    for _ in range(200):
+        first = free_port(udp_and_tcp=udp_and_tcp)
+        block = [first]
+        for port in range(first + 1, first + count):
+            if port in _used_ports or not _bindable(port, udp_and_tcp):
+                break
+            block.append(port)
+        if len(block) == count:
+            _used_ports.update(block)
+            return first
+    raise RuntimeError(f"no {count} consecutive free ports")
+
+
+def _bindable(port: int, udp_and_tcp: bool) -> bool:
+    kinds = [socket.SOCK_STREAM, socket.SOCK_DGRAM] if udp_and_tcp else [socket.SOCK_STREAM]
+    for kind in kinds:
+        with socket.socket(socket.AF_INET, kind) as sock:
+            try:
+                sock.bind((LOOPBACK, port))
+            except OSError:
+                return False
+    return True
 
 
 # RTP ranges come from below the kernel's ephemeral ports (32768 and up on Linux), so a SIP or
@@ -105,6 +131,8 @@ class Server:
                 # silent on the wire between their steps, which a real phone never is. The
                 # media-gap tests set the product's own threshold (1 s) explicitly.
                 "VOICEGATE_MEDIA_GAP_THRESHOLD_S": "30",
+                # SIGTERM ends live calls at once unless a test is about draining.
+                "VOICEGATE_SIP_DRAIN_DEADLINE_S": "0",
             }
         )
         env.update(self.env_overrides)
@@ -159,6 +187,16 @@ class Server:
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             return 0, None
         return status, json.loads(body) if "json" in ctype else body.decode()
+
+    def post(self, path: str) -> int:
+        request = urllib.request.Request(
+            f"http://{LOOPBACK}:{self.http_port}{path}", data=b"", method="POST"
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=5) as response:
+                return int(response.status)
+        except urllib.error.HTTPError as exc:
+            return int(exc.code)
 
     def live_calls(self) -> list[dict[str, Any]]:
         status, body = self.http("/v1/calls")

@@ -142,7 +142,10 @@ def test_bad_session_filters_are_400_naming_the_parameter(
 
 
 def test_health_and_readiness(server: Server) -> None:
-    assert server.http("/healthz") == (200, {"status": "ok"})
+    status, health = server.http("/healthz")
+    assert status == 200 and health["status"] == "ok"
+    # The owner id of this incarnation: how a supervisor tells a restarted worker from the last.
+    assert health["owner"].startswith("worker-0/")
     status, body = server.http("/readyz")
     assert status == 200
     assert body["sip_transports_up"] is True

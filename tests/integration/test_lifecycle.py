@@ -14,7 +14,7 @@ def test_calls_beyond_the_ceiling_are_refused_with_486_and_counted(
     server_factory,
     tmp_path: Path,  # type: ignore[no-untyped-def]
 ) -> None:
-    server = server_factory(VOICEGATE_SIP_MAX_CALLS="2")
+    server = server_factory(VOICEGATE_POOL_CALLS_PER_WORKER="2")
     holders = Sipp(
         "uac-speech-dtmf.xml", server.sip_target, tmp_path / "a", calls=2, rate=10, limit=2
     ).start()
@@ -70,6 +70,25 @@ def test_sigterm_refuses_new_calls_ends_live_ones_and_exits_0(
     (stored,) = server.stored_sessions()
     assert stored["terminal_state"] == "canceled"
     assert stored["status"] == "canceled: server shutting down"
+
+
+def test_sigterm_drains_live_calls_before_the_deadline_and_refuses_new_ones(
+    server_factory,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+) -> None:
+    server = server_factory(VOICEGATE_SIP_DRAIN_DEADLINE_S="60")
+    live = Sipp("uac-speech-dtmf.xml", server.sip_target, tmp_path / "live").start()
+    wait_for(lambda: [c for c in server.live_calls() if c["state"] == "answered"], 10, "a call")
+    server.signal(signal.SIGTERM)
+    wait_for(lambda: server.http("/readyz")[0] == 503, 5, "/readyz to say not ready")
+    refused = Sipp("uac-refused.xml", server.sip_target, tmp_path / "refused")
+    assert refused.run() == 0, refused.errors()
+    # The caller finishes the call (DTMF read back, caller's BYE) and only then the process exits.
+    assert live.wait() == 0, live.errors()
+    assert server.wait_exit(30) == 0
+    (stored,) = server.stored_sessions()
+    assert stored["terminal_state"] == "completed"
+    assert any(e.get("event") == "drain.begin" for e in server.log_events())
 
 
 def test_sigint_with_no_calls_exits_0(server: Server) -> None:

@@ -24,6 +24,7 @@ from config import (
     HttpSettings,
     LogSettings,
     MediaSettings,
+    PoolSettings,
     SessionSettings,
     Settings,
     SipSettings,
@@ -50,12 +51,12 @@ def defaults_in(cwd: Path) -> Settings:
         sip=SipSettings(
             address="127.0.0.1",
             port=5060,
-            max_calls=4,
             max_setup_rate=20.0,
             numbers=(),
             user_agent="voicegate",
             answer_after_s=0.0,
             session_expires_s=1800,
+            drain_deadline_s=60.0,
             shutdown_grace_s=5.0,
         ),
         media=MediaSettings(
@@ -91,6 +92,21 @@ def defaults_in(cwd: Path) -> Settings:
             no_input_s=60.0,
             no_input_grace_s=10.0,
             max_duration_s=3600.0,
+        ),
+        pool=PoolSettings(
+            workers=1,
+            calls_per_worker=4,
+            worker_address="127.0.0.1",
+            worker_sip_port=5100,
+            worker_http_port=8100,
+            front_door=True,
+            kamailio="kamailio",
+            probe_interval_s=2,
+            health_interval_s=1.0,
+            health_failures=3,
+            start_timeout_s=30.0,
+            restart_backoff_s=0.5,
+            restart_backoff_max_s=30.0,
         ),
         agent=AgentSettings(kind="demo", prompts_dir=None),
         log=LogSettings(level="info", format="json", pjsip_level=1),
@@ -161,7 +177,7 @@ level = "DEBUG"
     assert s.log.level == "debug"
     # Untouched keys keep their defaults.
     assert s.http == HttpSettings()
-    assert s.sip.max_calls == 4
+    assert s.pool.calls_per_worker == 4
 
 
 def test_env_beats_file(tmp_path: Path) -> None:

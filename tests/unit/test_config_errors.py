@@ -12,7 +12,7 @@ import pytest
 
 from config import ConfigError, load_settings
 
-SECTIONS = "sip, media, audio, http, storage, session, agent, log, faults, tools.<name>"
+SECTIONS = "sip, media, audio, http, storage, session, pool, agent, log, faults, tools.<name>"
 
 
 def write(tmp_path: Path, text: str | bytes) -> Path:
@@ -42,7 +42,7 @@ def file_error(path: Path) -> ConfigError:
         ("VOICEGATE_SIP_PORT", "abc", "expected an integer from 1 to 65535"),
         ("VOICEGATE_SIP_PORT", "0", "expected an integer from 1 to 65535"),
         ("VOICEGATE_SIP_PORT", "5060.0", "expected an integer from 1 to 65535"),
-        ("VOICEGATE_SIP_MAX_CALLS", "4097", "expected an integer from 1 to 4096"),
+        ("VOICEGATE_POOL_CALLS_PER_WORKER", "4097", "expected an integer from 1 to 4096"),
         ("VOICEGATE_SIP_MAX_SETUP_RATE", "0", "expected a number > 0 and <= 60"),
         ("VOICEGATE_SIP_MAX_SETUP_RATE", "61", "expected a number > 0 and <= 60"),
         ("VOICEGATE_SIP_MAX_SETUP_RATE", "nan", "expected a number > 0 and <= 60"),
@@ -271,12 +271,14 @@ def test_rtp_range_must_hold_two_ports_per_call() -> None:
     env = {"VOICEGATE_MEDIA_RTP_PORT_MIN": "30000", "VOICEGATE_MEDIA_RTP_PORT_MAX": "30006"}
     assert str(env_error(**env)) == (
         "media.rtp_port_min = 30000 (from VOICEGATE_MEDIA_RTP_PORT_MIN), "
-        "media.rtp_port_max = 30006 (from VOICEGATE_MEDIA_RTP_PORT_MAX), sip.max_calls = 4: "
+        "media.rtp_port_max = 30006 (from VOICEGATE_MEDIA_RTP_PORT_MAX), "
+        "pool.calls_per_worker = 4: "
         "the RTP range holds 7 ports but 4 calls need 8 (2 per call)"
     )
     # One more port is enough; fewer calls need fewer ports.
     assert load_settings(environ={**env, "VOICEGATE_MEDIA_RTP_PORT_MAX": "30007"})
-    assert load_settings(environ={**env, "VOICEGATE_SIP_MAX_CALLS": "3"}).sip.max_calls == 3
+    fewer = load_settings(environ={**env, "VOICEGATE_POOL_CALLS_PER_WORKER": "3"})
+    assert fewer.pool.calls_per_worker == 3
 
 
 def test_rtp_min_must_be_below_max(tmp_path: Path) -> None:
@@ -325,3 +327,15 @@ def test_session_keys_are_validated() -> None:
         )
     settings = load_settings(None, {"VOICEGATE_SESSION_WORKER_NAME": "edge-2.b_x"})
     assert settings.session.worker_name == "edge-2.b_x"
+
+
+def test_a_renamed_key_says_where_it_went(tmp_path: Path) -> None:
+    path = tmp_path / "old.toml"
+    path.write_text("[sip]\nmax_calls = 4\n")
+    assert str(file_error(path)) == (
+        f"sip.max_calls = 4 (from {path}): unknown key; it was renamed pool.calls_per_worker"
+    )
+    assert str(env_error(VOICEGATE_SIP_MAX_CALLS="4")) == (
+        "VOICEGATE_SIP_MAX_CALLS: unknown voicegate environment variable; "
+        "it was renamed VOICEGATE_POOL_CALLS_PER_WORKER"
+    )

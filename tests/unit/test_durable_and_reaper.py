@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -11,11 +12,11 @@ from hypothesis import strategies as st
 
 from session import effects as fx
 from session import events as ev
-from session.durable import CHECKPOINT_EVERY, DurableSession
+from session.durable import CHECKPOINT_EVERY, DurableSession, ReadOnlySession
 from session.machine import IllegalTransition
-from session.reaper import REASON_PREDECESSOR, reap_predecessors, reap_stale
+from session.reaper import REASON_PREDECESSOR, reap_one, reap_predecessors, reap_stale
 from session.state import SessionState
-from session.store import SequenceConflict, SessionFinished
+from session.store import Lease, LeaseLost, SequenceConflict, SessionFinished
 from session.store_sqlite import SqliteSessionStore
 
 
@@ -93,11 +94,38 @@ def test_load_rebuilds_the_live_state_from_checkpoint_and_tail(store: SqliteSess
 
 def test_a_second_writer_with_a_stale_view_is_refused(store: SqliteSessionStore) -> None:
     mine = _start(store, "s1")
-    theirs = DurableSession.load(store, "s1")
+    theirs = DurableSession(store, mine.state, mine.lease)  # same lease, a view gone stale
     mine.apply(ev.CallAnswered(), 101.0)
     with pytest.raises(SequenceConflict):
         theirs.apply(ev.CallerHangup(), 101.5)
     assert DurableSession.load(store, "s1").state == mine.state
+
+
+def test_a_loaded_session_is_read_only(store: SqliteSessionStore) -> None:
+    _start(store, "s1")
+    view = DurableSession.load(store, "s1")
+    assert view.lease is None
+    with pytest.raises(ReadOnlySession, match="take_over"):
+        view.apply(ev.CallAnswered(), 101.0)
+    assert len(store.events("s1")) == 1
+
+
+def test_a_take_over_fences_the_previous_owner(store: SqliteSessionStore) -> None:
+    mine = _start(store, "s1")
+    mine.apply(ev.CallAnswered(), 101.0)
+    assert mine.lease == Lease("w/1", 1)
+
+    theirs = DurableSession.take_over(store, "s1", owner="w/2", now=102.0)
+    assert theirs.lease == Lease("w/2", 2)
+    assert theirs.state == mine.state  # the whole log, loaded after the lease was taken
+    with pytest.raises(LeaseLost) as raised:
+        mine.apply(ev.CallerHangup(), 103.0)
+    assert (raised.value.owner, raised.value.epoch) == ("w/2", 2)
+    assert mine.state == theirs.state  # not advanced
+    theirs.apply(ev.CallerHangup(), 104.0)
+    assert [r.type for r in store.events("s1")][-1] == "caller_hangup"
+    with pytest.raises(SessionFinished):
+        DurableSession.take_over(store, "s1", owner="w/3", now=105.0)
 
 
 def test_predecessor_sessions_are_reaped_once_with_what_was_known(
@@ -123,6 +151,58 @@ def test_predecessor_sessions_are_reaped_once_with_what_was_known(
     for sid in ("other-worker", "mine"):
         summary = store.get(sid)
         assert summary is not None and summary.terminal_state is None
+    # The reaper took the session over before finalising it: the dead owner is fenced out.
+    summary = store.get("old")
+    assert summary is not None and (summary.owner, summary.lease_epoch) == ("worker-0/me", 2)
+    with pytest.raises(LeaseLost):
+        old.apply(ev.CallerHangup(), 105.0)
+
+
+class _Racing:
+    """A store on which another writer acts just before or just after the reaper's take-over."""
+
+    def __init__(self, store: SqliteSessionStore, before: Any, after: Any) -> None:
+        self._store, self._before, self._after = store, before, after
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def take_over(self, session_id: str, *, owner: str, at: float) -> Lease:
+        self._before()
+        lease = self._store.take_over(session_id, owner=owner, at=at)
+        self._after()
+        return lease
+
+
+def test_the_reaper_gives_way_to_an_owner_that_ended_the_session(
+    store: SqliteSessionStore,
+) -> None:
+    owner = _start(store, "s1", at=0.0)
+    (summary,) = store.open_sessions()
+    racing = _Racing(store, lambda: owner.apply(ev.CallerHangup(), 999.0), lambda: None)
+    assert not reap_one(racing, summary, me="w/reaper", now=1000.0, reason="test")
+    ended = store.get("s1")
+    assert ended is not None and (ended.terminal_state, ended.lease_epoch) == ("canceled", 1)
+    assert [r.type for r in store.events("s1")] == ["call_offered", "caller_hangup"]
+
+
+def test_the_reaper_gives_way_to_a_later_take_over(
+    store: SqliteSessionStore, tmp_path: Path
+) -> None:
+    _start(store, "s1", at=0.0)
+    rival = SqliteSessionStore(tmp_path / "sessions.sqlite3")  # another worker's connection
+    try:
+        (summary,) = store.open_sessions()
+        racing = _Racing(
+            store, lambda: None, lambda: rival.take_over("s1", owner="w/rival", at=1000.0)
+        )
+        assert not reap_one(racing, summary, me="w/reaper", now=1000.0, reason="test")
+    finally:
+        rival.close()
+    after = store.get("s1")
+    assert after is not None and after.terminal_state is None
+    assert (after.owner, after.lease_epoch) == ("w/rival", 3)
+    assert [r.type for r in store.events("s1")] == ["call_offered"]
 
 
 @settings(
@@ -146,16 +226,20 @@ def test_the_reaper_is_idempotent_and_never_touches_a_live_session(
             _start(store, f"s{i}", owner=f"w/{i}", at=now - age)
             if touched[i]:
                 # A live owner heartbeats well inside the threshold.
-                store.touch(f"s{i}", owner=f"w/{i}", at=now - threshold / 3)
-        first = reap_stale(store, now=now, stale_after_s=threshold)
-        second = reap_stale(store, now=now, stale_after_s=threshold)
+                store.touch(f"s{i}", lease=Lease(f"w/{i}", 1), at=now - threshold / 3)
+        first = reap_stale(store, me="reaper/1", now=now, stale_after_s=threshold)
+        second = reap_stale(store, me="reaper/1", now=now, stale_after_s=threshold)
         assert second == []
         for i, age in enumerate(ages):
             summary = store.get(f"s{i}")
             assert summary is not None
-            stale = age > threshold and not touched[i]
+            # As the store compares (not ``age > threshold``, which rounds differently).
+            stale = now - age < now - threshold and not touched[i]
             assert (f"s{i}" in first) == stale
             assert (summary.terminal_state == "failed") == stale
+            # A reaped session was taken over first; a live one kept its owner's lease.
+            expected = ("reaper/1", 2) if stale else (f"w/{i}", 1)
+            assert (summary.owner, summary.lease_epoch) == expected
     finally:
         store.close()
 
@@ -163,10 +247,15 @@ def test_the_reaper_is_idempotent_and_never_touches_a_live_session(
 def test_a_reaped_session_refuses_its_late_owner(store: SqliteSessionStore) -> None:
     session = _start(store, "s1", at=0.0)
     session.apply(ev.CallAnswered(), 1.0)
-    assert reap_stale(store, now=1000.0, stale_after_s=120) == ["s1"]
-    # The late owner's write does not resurrect it.
-    with pytest.raises(SessionFinished):
+    assert reap_stale(store, me="w/2", now=1000.0, stale_after_s=120) == ["s1"]
+    events = store.events("s1")
+    # The late owner's write does not resurrect it: its lease was taken before the reaping.
+    with pytest.raises(LeaseLost) as raised:
         session.apply(ev.CallerHangup(), 1001.0)
+    assert (raised.value.owner, raised.value.epoch) == ("w/2", 2)
+    assert session.lease is not None
+    assert not store.touch("s1", lease=session.lease, at=1002.0)
+    assert store.events("s1") == events
     reloaded = DurableSession.load(store, "s1").state
     assert reloaded.ended is not None and reloaded.ended.terminal_state == "failed"
     assert SessionState.from_dict(reloaded.to_dict()) == reloaded

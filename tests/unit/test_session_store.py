@@ -23,6 +23,8 @@ from session.store import (
     Checkpoint,
     EventRecord,
     IdempotencyConflict,
+    Lease,
+    LeaseLost,
     SequenceConflict,
     SessionExists,
     SessionFinished,
@@ -33,10 +35,10 @@ from session.store import (
     UnknownIntent,
     UnknownSession,
 )
-from session.store_sqlite import SqliteSessionStore
+from session.store_sqlite import SCHEMA_VERSION, SqliteSessionStore
 
 OWNER = "worker-a/5d0c7f0e"
-
+LEASE = Lease(OWNER, 1)  # what create hands OWNER
 # Each factory opens a new store object on the backend's one shared database.
 _BACKENDS: dict[str, Callable[[Path], Callable[[], SessionStore]]] = {
     "sqlite": lambda tmp: lambda: SqliteSessionStore(tmp / "db" / "sessions.sqlite3"),
@@ -102,8 +104,8 @@ def test_events_round_trip_json_exactly(store: SessionStore) -> None:
         "nested": {"list": [1, [2, {"x": []}]], "empty": {}},
     }
     first = EventRecord("s", 1, "call_offered", payload, [{"kind": "answer", "code": 200}], 11.5)
-    store.append(first, status="ringing")
-    store.append(event("s", 2), status="talking")
+    store.append(first, lease=LEASE, status="ringing")
+    store.append(event("s", 2), lease=LEASE, status="talking")
 
     assert store.events("s") == [first, event("s", 2)]
     assert store.events("s", after_seq=1) == [event("s", 2)]
@@ -128,9 +130,9 @@ def test_a_session_is_created_once(store: SessionStore) -> None:
 
 def test_writes_to_an_unknown_session_are_refused(store: SessionStore) -> None:
     with pytest.raises(UnknownSession):
-        store.append(event("nobody", 1), status="x")
+        store.append(event("nobody", 1), lease=LEASE, status="x")
     with pytest.raises(UnknownSession):
-        store.save_checkpoint(Checkpoint("nobody", 0, {}, 1.0))
+        store.save_checkpoint(Checkpoint("nobody", 0, {}, 1.0), lease=LEASE)
     with pytest.raises(UnknownSession):
         store.record_intent(intent("k", session_id="nobody"))
 
@@ -138,12 +140,14 @@ def test_writes_to_an_unknown_session_are_refused(store: SessionStore) -> None:
 @pytest.mark.parametrize("seq", [0, -1, 2, 3, 5])
 def test_a_seq_that_does_not_continue_the_log_conflicts(store: SessionStore, seq: int) -> None:
     store.create("s", owner=OWNER, meta={}, at=1.0)
-    store.append(event("s", 1), status="one")
-    store.append(event("s", 2), status="two")
+    store.append(event("s", 1), lease=LEASE, status="one")
+    store.append(event("s", 2), lease=LEASE, status="two")
     before = store.get("s")
 
     with pytest.raises(SequenceConflict) as raised:
-        store.append(event("s", seq if seq != 3 else 2), status="bad")  # 2 is a duplicate
+        store.append(
+            event("s", seq if seq != 3 else 2), lease=LEASE, status="bad"
+        )  # 2 is a duplicate
 
     assert (raised.value.session_id, raised.value.actual) == ("s", 2)
     assert store.get("s") == before
@@ -152,16 +156,16 @@ def test_a_seq_that_does_not_continue_the_log_conflicts(store: SessionStore, seq
 
 def test_the_log_closes_at_its_terminal_state(store: SessionStore) -> None:
     store.create("s", owner=OWNER, meta={}, at=1.0)
-    store.append(event("s", 1), status="talking")
+    store.append(event("s", 1), lease=LEASE, status="talking")
     with pytest.raises(ValueError, match="terminal state"):
-        store.append(event("s", 2), status="bye", terminal_state="done")
-    store.append(event("s", 2), status="ended", terminal_state="completed")
+        store.append(event("s", 2), lease=LEASE, status="bye", terminal_state="done")
+    store.append(event("s", 2), lease=LEASE, status="ended", terminal_state="completed")
 
     with pytest.raises(SessionFinished) as raised:
-        store.append(event("s", 3), status="late")
+        store.append(event("s", 3), lease=LEASE, status="late")
     assert raised.value.terminal_state == "completed"
     with pytest.raises(SessionFinished):
-        store.append(event("s", 3), status="late", terminal_state="failed")
+        store.append(event("s", 3), lease=LEASE, status="late", terminal_state="failed")
     summary = store.get("s")
     assert summary is not None
     assert (summary.last_seq, summary.status, summary.terminal_state) == (2, "ended", "completed")
@@ -169,37 +173,42 @@ def test_the_log_closes_at_its_terminal_state(store: SessionStore) -> None:
 
 def test_append_many_writes_all_or_nothing(store: SessionStore) -> None:
     store.create("s", owner=OWNER, meta={}, at=1.0)
-    store.append(event("s", 1), status="one")
+    store.append(event("s", 1), lease=LEASE, status="one")
 
     with pytest.raises(SequenceConflict) as raised:
-        store.append_many([event("s", 2), event("s", 3), event("s", 5)], status="gap")
+        store.append_many([event("s", 2), event("s", 3), event("s", 5)], lease=LEASE, status="gap")
     assert (raised.value.expected, raised.value.actual) == (5, 3)
     with pytest.raises(ValueError):
-        store.append_many([event("s", 2), event("s", 3, bad=float("nan"))], status="not json")
+        store.append_many(
+            [event("s", 2), event("s", 3, bad=float("nan"))], lease=LEASE, status="not json"
+        )
     with pytest.raises(ValueError):
-        store.append_many([event("s", 2), event("other", 3)], status="two sessions")
+        store.append_many([event("s", 2), event("other", 3)], lease=LEASE, status="two sessions")
     with pytest.raises(ValueError):
-        store.append_many([], status="nothing")
+        store.append_many([], lease=LEASE, status="nothing")
     assert store.events("s") == [event("s", 1)]
 
-    store.append_many([event("s", 2), event("s", 3)], status="three", terminal_state="canceled")
+    store.append_many(
+        [event("s", 2), event("s", 3)], lease=LEASE, status="three", terminal_state="canceled"
+    )
     assert [e.seq for e in store.events("s")] == [1, 2, 3]
     summary = store.get("s")
     assert summary is not None
     assert (summary.last_seq, summary.updated_at, summary.terminal_state) == (3, 103.0, "canceled")
 
 
-def test_only_the_owner_touches_an_open_session(store: SessionStore) -> None:
+def test_only_the_lease_holder_touches_an_open_session(store: SessionStore) -> None:
     store.create("s", owner=OWNER, meta={}, at=1.0)
-    assert not store.touch("s", owner="worker-b/1", at=5.0)
-    assert not store.touch("nobody", owner=OWNER, at=5.0)
-    assert store.touch("s", owner=OWNER, at=6.0)
+    assert not store.touch("s", lease=Lease("worker-b/1", 1), at=5.0)
+    assert not store.touch("s", lease=Lease(OWNER, 2), at=5.0)
+    assert not store.touch("nobody", lease=LEASE, at=5.0)
+    assert store.touch("s", lease=LEASE, at=6.0)
     summary = store.get("s")
     assert summary is not None
     assert summary.updated_at == 6.0
 
-    store.append(event("s", 1), status="ended", terminal_state="timed_out")
-    assert not store.touch("s", owner=OWNER, at=200.0)
+    store.append(event("s", 1), lease=LEASE, status="ended", terminal_state="timed_out")
+    assert not store.touch("s", lease=LEASE, at=200.0)
     summary = store.get("s")
     assert summary is not None
     assert summary.updated_at == 101.0
@@ -208,19 +217,19 @@ def test_only_the_owner_touches_an_open_session(store: SessionStore) -> None:
 def test_the_checkpoint_with_the_highest_seq_wins(store: SessionStore) -> None:
     store.create("s", owner=OWNER, meta={}, at=1.0)
     assert store.latest_checkpoint("s") is None
-    store.append_many([event("s", n) for n in (1, 2, 3)], status="three")
+    store.append_many([event("s", n) for n in (1, 2, 3)], lease=LEASE, status="three")
 
-    store.save_checkpoint(Checkpoint("s", 0, {"gate": "open"}, 1.0))
-    store.save_checkpoint(Checkpoint("s", 2, {"gate": "frozen", "intents": []}, 2.0))
-    store.save_checkpoint(Checkpoint("s", 1, {"gate": "stale"}, 3.0))  # late and older
+    store.save_checkpoint(Checkpoint("s", 0, {"gate": "open"}, 1.0), lease=LEASE)
+    store.save_checkpoint(Checkpoint("s", 2, {"gate": "frozen", "intents": []}, 2.0), lease=LEASE)
+    store.save_checkpoint(Checkpoint("s", 1, {"gate": "stale"}, 3.0), lease=LEASE)  # late and older
     assert store.latest_checkpoint("s") == Checkpoint(
         "s", 2, {"gate": "frozen", "intents": []}, 2.0
     )
-    store.save_checkpoint(Checkpoint("s", 2, {"gate": "reconciling"}, 4.0))
+    store.save_checkpoint(Checkpoint("s", 2, {"gate": "reconciling"}, 4.0), lease=LEASE)
     assert store.latest_checkpoint("s") == Checkpoint("s", 2, {"gate": "reconciling"}, 4.0)
 
     with pytest.raises(StoreError):
-        store.save_checkpoint(Checkpoint("s", 4, {}, 5.0))  # ahead of the log
+        store.save_checkpoint(Checkpoint("s", 4, {}, 5.0), lease=LEASE)  # ahead of the log
     assert store.latest_checkpoint("s") == Checkpoint("s", 2, {"gate": "reconciling"}, 4.0)
 
 
@@ -228,10 +237,14 @@ def _populate(store: SessionStore, count: int) -> list[str]:
     """Sessions with tied creation times; returns their ids newest first."""
     ids = [f"s{n:02d}" for n in range(count)]
     for n, session_id in enumerate(ids):
-        store.create(session_id, owner=f"worker-{'ab'[n % 2]}/{n}", meta={"n": n}, at=n // 3)
-        store.append(event(session_id, 1), status="talking" if n % 3 else "Reconnecting 50%")
+        owner = f"worker-{'ab'[n % 2]}/{n}"
+        lease = store.create(session_id, owner=owner, meta={"n": n}, at=n // 3)
+        status = "talking" if n % 3 else "Reconnecting 50%"
+        store.append(event(session_id, 1), lease=lease, status=status)
         if n % 4 == 0:
-            store.append(event(session_id, 2), status="ended", terminal_state="completed")
+            store.append(
+                event(session_id, 2), lease=lease, status="ended", terminal_state="completed"
+            )
     return sorted(ids, key=lambda s: (int(s[1:]) // 3, s), reverse=True)
 
 
@@ -294,10 +307,12 @@ def test_a_malformed_cursor_is_a_value_error(store: SessionStore, cursor: str) -
 
 
 def test_open_sessions_by_age_and_owner(store: SessionStore) -> None:
-    for n, owner in enumerate(["worker-a/1", "worker-a/2", "worker-b/1", "worker-a/1"]):
+    leases = [
         store.create(f"s{n}", owner=owner, meta={}, at=float(n))
-    store.append(event("s3", 1), status="ended", terminal_state="failed")
-    assert store.touch("s0", owner="worker-a/1", at=50.0)
+        for n, owner in enumerate(["worker-a/1", "worker-a/2", "worker-b/1", "worker-a/1"])
+    ]
+    store.append(event("s3", 1), lease=leases[3], status="ended", terminal_state="failed")
+    assert store.touch("s0", lease=leases[0], at=50.0)
 
     def ids(found: list[Any]) -> list[str]:
         return [summary.session_id for summary in found]
@@ -335,7 +350,7 @@ def test_an_intent_is_recorded_once_per_key(store: SessionStore) -> None:
 def test_an_ended_session_starts_no_new_intent(store: SessionStore) -> None:
     store.create("s", owner=OWNER, meta={}, at=1.0)
     stored = store.record_intent(intent("k1"))
-    store.append(event("s", 1), status="ended", terminal_state="needs_human")
+    store.append(event("s", 1), lease=LEASE, status="ended", terminal_state="needs_human")
     assert store.record_intent(intent("k1")) == stored
     with pytest.raises(SessionFinished):
         store.record_intent(intent("k2"))
@@ -382,8 +397,8 @@ def test_an_unknown_receipt_keeps_the_intent_outstanding(store: SessionStore) ->
 def test_everything_survives_reopening(open_store: StoreFactory) -> None:
     store = open_store()
     store.create("s", owner=OWNER, meta={"caller": "***4567"}, at=1.0)
-    store.append_many([event("s", 1), event("s", 2)], status="talking")
-    store.save_checkpoint(Checkpoint("s", 2, {"gate": "open"}, 3.0))
+    store.append_many([event("s", 1), event("s", 2)], lease=LEASE, status="talking")
+    store.save_checkpoint(Checkpoint("s", 2, {"gate": "open"}, 3.0), lease=LEASE)
     stored_intent = store.record_intent(intent("k1"))
     store.record_intent(intent("k2"))
     stored_receipt = store.record_receipt(ToolReceipt("k1", "committed", {"id": 1}, 4.0))
@@ -397,18 +412,19 @@ def test_everything_survives_reopening(open_store: StoreFactory) -> None:
     assert reopened.intent("k1") == stored_intent
     assert reopened.receipt("k1") == stored_receipt
     assert [i.idempotency_key for i in reopened.outstanding_intents("s")] == ["k2"]
-    reopened.append(event("s", 3), status="resumed")
+    reopened.append(event("s", 3), lease=LEASE, status="resumed")
     assert reopened.list()[0][0].last_seq == 3
 
 
 def test_a_stale_writer_conflicts_instead_of_forking_the_log(open_store: StoreFactory) -> None:
+    # Two writers under one lease (say, two objects of one process): the log's seq still decides.
     old, new = open_store(), open_store()
-    old.create("s", owner="worker-a/1", meta={}, at=1.0)
-    old.append(event("s", 1), status="one")
-    new.append(event("s", 2, writer="new"), status="resumed")  # the session moved on
+    lease = old.create("s", owner="worker-a/1", meta={}, at=1.0)
+    old.append(event("s", 1), lease=lease, status="one")
+    new.append(event("s", 2, writer="new"), lease=lease, status="resumed")  # the session moved on
 
     with pytest.raises(SequenceConflict) as raised:
-        old.append(event("s", 2, writer="old"), status="stale")
+        old.append(event("s", 2, writer="old"), lease=lease, status="stale")
     assert (raised.value.expected, raised.value.actual) == (2, 2)
     assert old.events("s") == [event("s", 1), event("s", 2, writer="new")]
     assert new.record_intent(intent("k1")) == old.record_intent(intent("k1"))
@@ -447,9 +463,9 @@ def test_the_log_is_exactly_the_accepted_appends(
         valid = seqs == list(range(len(accepted) + 1, len(accepted) + 1 + len(seqs)))
         try:
             if as_batch or len(records) > 1:
-                store.append_many(records, status=f"b{number}")
+                store.append_many(records, lease=LEASE, status=f"b{number}")
             else:
-                store.append(records[0], status=f"b{number}")
+                store.append(records[0], lease=LEASE, status=f"b{number}")
         except SequenceConflict:
             assert not valid
         else:
@@ -460,6 +476,153 @@ def test_the_log_is_exactly_the_accepted_appends(
     summary = store.get(session_id)
     assert summary is not None
     assert summary.last_seq == len(accepted)
+
+
+# ---- leases ---------------------------------------------------------------------------------
+
+
+def test_create_hands_out_the_first_lease(store: SessionStore) -> None:
+    assert store.create("s", owner=OWNER, meta={}, at=1.0) == Lease(OWNER, 1)
+    summary = store.get("s")
+    assert summary is not None
+    assert (summary.owner, summary.lease_epoch) == (OWNER, 1)
+
+
+def test_a_take_over_moves_the_lease_to_the_next_epoch(store: SessionStore) -> None:
+    store.create("s", owner=OWNER, meta={}, at=1.0)
+    store.append(event("s", 1), lease=LEASE, status="talking")
+
+    assert store.take_over("s", owner="worker-b/2", at=50.0) == Lease("worker-b/2", 2)
+    summary = store.get("s")
+    assert summary is not None
+    assert (summary.owner, summary.lease_epoch, summary.updated_at) == ("worker-b/2", 2, 50.0)
+    assert (summary.last_seq, summary.status, summary.terminal_state) == (1, "talking", None)
+    # Every take-over is a new epoch, even by the owner it already has.
+    assert store.take_over("s", owner="worker-b/2", at=51.0) == Lease("worker-b/2", 3)
+
+
+def _stale_write(store: SessionStore, operation: str) -> None:
+    """One write under the creator's lease, which a take-over made stale."""
+    match operation:
+        case "append":
+            store.append(event("s", 2), lease=LEASE, status="late")
+        case "append_terminal":
+            store.append(event("s", 2), lease=LEASE, status="late", terminal_state="completed")
+        case "append_many":
+            store.append_many([event("s", 2), event("s", 3)], lease=LEASE, status="late")
+        case "append_bad_seq":  # the lease is checked before the seq
+            store.append(event("s", 7), lease=LEASE, status="late")
+        case "checkpoint":
+            store.save_checkpoint(Checkpoint("s", 1, {"gate": "late"}, 9.0), lease=LEASE)
+
+
+@pytest.mark.parametrize(
+    "operation",
+    ["append", "append_terminal", "append_many", "append_bad_seq", "checkpoint", "touch"],
+)
+def test_the_previous_owner_writes_nothing_after_a_take_over(
+    open_store: StoreFactory, operation: str
+) -> None:
+    old, new = open_store(), open_store()  # two processes on one database
+    old.create("s", owner=OWNER, meta={}, at=1.0)
+    old.append(event("s", 1), lease=LEASE, status="talking")
+    old.save_checkpoint(Checkpoint("s", 1, {"gate": "open"}, 2.0), lease=LEASE)
+    taken = new.take_over("s", owner="worker-b/2", at=3.0)
+    before = (new.get("s"), new.events("s"), new.latest_checkpoint("s"))
+
+    if operation == "touch":
+        assert not old.touch("s", lease=LEASE, at=99.0)  # a heartbeat says False, not raises
+    else:
+        with pytest.raises(LeaseLost) as raised:
+            _stale_write(old, operation)
+        lost = raised.value
+        assert (lost.session_id, lost.lease, lost.owner, lost.epoch) == ("s", LEASE, taken.owner, 2)
+        assert str(lost) == (
+            f"session 's' is now owned by 'worker-b/2' at epoch 2; lease ({OWNER!r}, 1) is stale"
+        )
+    assert (new.get("s"), new.events("s"), new.latest_checkpoint("s")) == before
+    assert old.get("s") == before[0]
+
+
+def test_the_new_owner_carries_on_where_the_log_ends(open_store: StoreFactory) -> None:
+    old, new = open_store(), open_store()
+    old.create("s", owner=OWNER, meta={}, at=1.0)
+    old.append(event("s", 1), lease=LEASE, status="talking")
+    lease = new.take_over("s", owner="worker-b/2", at=3.0)
+
+    assert new.touch("s", lease=lease, at=4.0)
+    new.append(event("s", 2, writer="new"), lease=lease, status="resumed")
+    new.save_checkpoint(Checkpoint("s", 2, {"gate": "open"}, 5.0), lease=lease)
+    with pytest.raises(SequenceConflict):  # the lease holder still continues the log exactly
+        new.append(event("s", 4), lease=lease, status="gap")
+    new.append(event("s", 3), lease=lease, status="ended", terminal_state="completed")
+    assert old.events("s") == [event("s", 1), event("s", 2, writer="new"), event("s", 3)]
+    summary = old.get("s")
+    assert summary is not None
+    assert (summary.owner, summary.lease_epoch, summary.terminal_state) == (
+        "worker-b/2",
+        2,
+        "completed",
+    )
+    # The stale lease hears LeaseLost, not SessionFinished: it must stop, not reload.
+    with pytest.raises(LeaseLost):
+        old.append(event("s", 4), lease=LEASE, status="late")
+    # The current lease of an ended session hears SessionFinished, whatever the seq.
+    with pytest.raises(SessionFinished):
+        new.append(event("s", 9), lease=lease, status="late")
+    with pytest.raises(UnknownSession):
+        new.append(event("nobody", 1), lease=lease, status="x")
+
+
+def test_an_ended_or_unknown_session_cannot_be_taken_over(store: SessionStore) -> None:
+    store.create("s", owner=OWNER, meta={}, at=1.0)
+    store.append(event("s", 1), lease=LEASE, status="ended", terminal_state="failed")
+    before = store.get("s")
+    with pytest.raises(SessionFinished) as raised:
+        store.take_over("s", owner="worker-b/2", at=5.0)
+    assert raised.value.terminal_state == "failed"
+    assert store.get("s") == before
+    with pytest.raises(UnknownSession):
+        store.take_over("nobody", owner="worker-b/2", at=5.0)
+    assert store.get("nobody") is None
+
+
+@settings(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    steps=st.lists(
+        st.tuples(st.sampled_from(["take_over", "append", "touch"]), st.integers(0, 9)),
+        max_size=20,
+    )
+)
+def test_only_the_latest_lease_writes(store: SessionStore, steps: list[tuple[str, int]]) -> None:
+    """Any interleaving of take-overs and writes: a write is accepted iff its lease is the last
+    one handed out, and the log is exactly the accepted writes."""
+    session_id = f"l{next(_SESSIONS)}"
+    handed_out = [store.create(session_id, owner="w0/a", meta={}, at=0.0)]
+    accepted: list[EventRecord] = []
+    for number, (step, pick) in enumerate(steps):
+        current = handed_out[-1]
+        lease = handed_out[pick % len(handed_out)]
+        if step == "take_over":
+            taken = store.take_over(session_id, owner=f"w{pick % 3}/a", at=float(number))
+            assert taken == Lease(f"w{pick % 3}/a", current.epoch + 1)
+            handed_out.append(taken)
+        elif step == "touch":
+            assert store.touch(session_id, lease=lease, at=float(number)) == (lease == current)
+        else:
+            record = event(session_id, len(accepted) + 1, step=number)
+            try:
+                store.append(record, lease=lease, status=f"s{number}")
+            except LeaseLost as lost:
+                assert lease != current
+                assert (lost.owner, lost.epoch) == (current.owner, current.epoch)
+            else:
+                assert lease == current
+                accepted.append(record)
+    assert store.events(session_id) == accepted
+    summary = store.get(session_id)
+    assert summary is not None
+    assert (summary.owner, summary.lease_epoch) == (handed_out[-1].owner, len(handed_out))
 
 
 # ---- SQLite only ----------------------------------------------------------------------------
@@ -475,7 +638,7 @@ def _append_worker(path: str, session_id: str, writer: int, count: int, go: Any)
         assert summary is not None
         record = event(session_id, summary.last_seq + 1, writer=writer, n=written)
         try:
-            store.append(record, status=f"writer {writer}")
+            store.append(record, lease=LEASE, status=f"writer {writer}")
         except SequenceConflict:
             continue
         written += 1
@@ -518,7 +681,7 @@ def test_sqlite_is_opened_for_durability(tmp_path: Path) -> None:
     store.close()
     with sqlite3.connect(path) as db:
         assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
-        assert db.execute("PRAGMA user_version").fetchone() == (1,)
+        assert db.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
         tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         assert tables == {"sessions", "events", "checkpoints", "tool_intents", "tool_receipts"}
         types = {
@@ -534,7 +697,187 @@ def test_sqlite_refuses_a_newer_schema(tmp_path: Path) -> None:
     path = tmp_path / "sessions.sqlite3"
     SqliteSessionStore(path).close()
     with sqlite3.connect(path) as db:
-        db.execute("PRAGMA user_version=2")
+        db.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
     db.close()
-    with pytest.raises(StoreError, match="schema version 2"):
+    with pytest.raises(StoreError, match=f"schema version {SCHEMA_VERSION + 1}"):
         SqliteSessionStore(path)
+
+
+# The schema of version 1, as released: a file written by it must open, migrated, and keep its data.
+_V1_SCHEMA = (
+    """CREATE TABLE sessions (
+        session_id     TEXT PRIMARY KEY,
+        created_at     REAL NOT NULL,
+        updated_at     REAL NOT NULL,
+        last_seq       INTEGER NOT NULL DEFAULT 0,
+        owner          TEXT,
+        status         TEXT NOT NULL,
+        terminal_state TEXT CHECK (terminal_state IN
+            ('completed', 'canceled', 'timed_out', 'failed', 'needs_human')),
+        meta           TEXT NOT NULL)""",
+    "CREATE INDEX sessions_newest ON sessions (created_at DESC, session_id DESC)",
+    "CREATE INDEX sessions_open ON sessions (updated_at) WHERE terminal_state IS NULL",
+    """CREATE TABLE events (
+        session_id TEXT NOT NULL REFERENCES sessions,
+        seq        INTEGER NOT NULL CHECK (seq >= 1),
+        type       TEXT NOT NULL,
+        payload    TEXT NOT NULL,
+        effects    TEXT NOT NULL,
+        at         REAL NOT NULL,
+        PRIMARY KEY (session_id, seq)) WITHOUT ROWID""",
+    """CREATE TABLE checkpoints (
+        session_id TEXT PRIMARY KEY REFERENCES sessions,
+        seq        INTEGER NOT NULL,
+        state      TEXT NOT NULL,
+        at         REAL NOT NULL)""",
+    """CREATE TABLE tool_intents (
+        idempotency_key TEXT PRIMARY KEY,
+        session_id      TEXT NOT NULL REFERENCES sessions,
+        turn_id         TEXT NOT NULL,
+        tool            TEXT NOT NULL,
+        kind            TEXT NOT NULL CHECK (kind IN ('read', 'write')),
+        digest          TEXT NOT NULL,
+        arguments       TEXT NOT NULL,
+        created_at      REAL NOT NULL)""",
+    "CREATE INDEX tool_intents_session ON tool_intents (session_id, created_at)",
+    """CREATE TABLE tool_receipts (
+        idempotency_key TEXT PRIMARY KEY REFERENCES tool_intents,
+        outcome         TEXT NOT NULL CHECK (outcome IN
+            ('committed', 'failed', 'not_started', 'unknown')),
+        detail          TEXT NOT NULL,
+        at              REAL NOT NULL)""",
+)
+
+
+def _write_v1_file(path: Path) -> None:
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL")
+    for statement in _V1_SCHEMA:
+        db.execute(statement)
+    db.execute(
+        "INSERT INTO sessions VALUES ('open', 1.0, 2.0, 1, 'worker-a/1', 'talking', NULL, '{}')"
+    )
+    db.execute(
+        "INSERT INTO sessions VALUES ('done', 1.0, 3.0, 1, 'worker-a/1', 'ended', 'completed',"
+        ' \'{"caller": "***4567"}\')'
+    )
+    for session_id in ("open", "done"):
+        db.execute(
+            "INSERT INTO events VALUES (?, 1, 'note', '{\"n\":1}', '[]', 2.0)", (session_id,)
+        )
+    db.execute("PRAGMA user_version=1")
+    db.close()
+
+
+def _columns(path: Path) -> list[tuple[Any, ...]]:
+    with sqlite3.connect(path) as db:
+        columns = db.execute("PRAGMA table_info(sessions)").fetchall()
+        (version,) = db.execute("PRAGMA user_version").fetchone()
+    db.close()
+    assert version == SCHEMA_VERSION
+    return columns
+
+
+def test_sqlite_migrates_a_version_1_file_in_place(tmp_path: Path) -> None:
+    path = tmp_path / "v1.sqlite3"
+    _write_v1_file(path)
+
+    store = SqliteSessionStore(path)
+    opened = store.get("open")
+    assert opened is not None
+    assert (opened.owner, opened.lease_epoch, opened.last_seq, opened.status) == (
+        "worker-a/1",
+        1,
+        1,
+        "talking",
+    )
+    done = store.get("done")
+    assert done is not None
+    assert (done.lease_epoch, done.terminal_state, done.meta) == (
+        1,
+        "completed",
+        {"caller": "***4567"},
+    )
+    assert store.events("open") == [EventRecord("open", 1, "note", {"n": 1}, [], 2.0)]
+    # The owner of a v1 session holds epoch 1 and goes on writing until someone takes it over.
+    store.append(event("open", 2), lease=Lease("worker-a/1", 1), status="resumed")
+    assert store.take_over("open", owner="worker-b/1", at=9.0) == Lease("worker-b/1", 2)
+    store.close()
+
+    # Reopening a migrated file is a no-op; it has the very table a new file has.
+    SqliteSessionStore(path).close()
+    SqliteSessionStore(tmp_path / "new.sqlite3").close()
+    assert _columns(path) == _columns(tmp_path / "new.sqlite3")
+
+
+def _take_over_worker(
+    path: str, session_id: str, writer: int, rounds: int, barrier: Any, results: Any
+) -> None:
+    """A separate process that, each round, takes the session over as soon as every process is
+    ready (so the take-overs race), then appends until fenced out or 5 events are written."""
+    store = SqliteSessionStore(Path(path))
+    epochs: list[int] = []
+    written: list[int] = []
+    refused = {"lease_lost": 0, "sequence_conflict": 0}
+    for _ in range(rounds):
+        barrier.wait(30)
+        lease = store.take_over(session_id, owner=f"worker-{writer}/x", at=float(writer))
+        epochs.append(lease.epoch)
+        for _ in range(5):
+            summary = store.get(session_id)
+            assert summary is not None
+            seq = summary.last_seq + 1
+            record = event(session_id, seq, writer=writer, epoch=lease.epoch)
+            try:
+                store.append(record, lease=lease, status=f"writer {writer}")
+            except LeaseLost:
+                refused["lease_lost"] += 1
+                break
+            except SequenceConflict:
+                refused["sequence_conflict"] += 1
+                continue
+            written.append(seq)
+    store.close()
+    results.put((writer, epochs, written, refused))
+
+
+def test_processes_racing_take_overs_leave_one_writer_per_epoch(tmp_path: Path) -> None:
+    path = tmp_path / "sessions.sqlite3"
+    store = SqliteSessionStore(path)
+    store.create("s", owner=OWNER, meta={}, at=1.0)
+    context = multiprocessing.get_context("spawn")
+    barrier, results = context.Barrier(3), context.Queue()
+    workers = [
+        context.Process(
+            target=_take_over_worker, args=(str(path), "s", writer, 20, barrier, results)
+        )
+        for writer in range(3)
+    ]
+    for worker in workers:
+        worker.start()
+    reports = [results.get(timeout=60) for _ in workers]
+    for worker in workers:
+        worker.join(60)
+    assert [worker.exitcode for worker in workers] == [0, 0, 0]
+
+    log = store.events("s")
+    summary = store.get("s")
+    store.close()
+    assert summary is not None
+    epochs = sorted(epoch for _, taken, _, _ in reports for epoch in taken)
+    # Every take-over got its own epoch, one after the other from the creator's 1.
+    assert epochs == list(range(2, 2 + len(epochs)))
+    assert summary.lease_epoch == 1 + len(epochs)
+    # No seq twice, no gap: the log is exactly the writes that were accepted.
+    assert [record.seq for record in log] == list(range(1, len(log) + 1))
+    assert sorted(seq for _, _, written, _ in reports for seq in written) == [
+        record.seq for record in log
+    ]
+    # Fencing: each event was written under its writer's own lease, and a later epoch's event is
+    # never followed by an earlier epoch's.
+    taken_by = {epoch: writer for writer, taken, _, _ in reports for epoch in taken}
+    assert all(taken_by[r.payload["epoch"]] == r.payload["writer"] for r in log)
+    logged_epochs = [record.payload["epoch"] for record in log]
+    assert logged_epochs == sorted(logged_epochs)
+    # Refused writes were all fenced (LeaseLost) or, at worst, seq conflicts; and it did race.
+    assert sum(refused["lease_lost"] for *_, refused in reports) > 0

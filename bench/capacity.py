@@ -1,0 +1,483 @@
+"""Pool capacity: concurrent calls with speech both ways through Kamailio, and a set-up rate ramp.
+
+Prints figures, never passes or fails (STYLE.md; tests assert behaviour, benchmarks measure).
+
+    python bench/capacity.py                          # steps 20..100 calls, baseline, rate ramp
+    python bench/capacity.py --steps 4,8 --hold 10 --rates 10,20   # a quick look
+
+For each step it starts N SIPp callers through the pool's Kamailio (a pool of ceil(N_max / 4)
+workers, 4 calls each), waits until all N are answered, then for ``--hold`` seconds measures:
+
+- CPU of the workers, as a percentage of one core, in all and per call (above the idle pool);
+- the same per-call figure for a C-only pjsua2 baseline (``bench/pjsua2_baseline.py``: same
+  wheel and media settings, WAV player out and null sound device in, no Python per frame) run
+  with the same number of calls through its own Kamailio, and the ratio of the two;
+- frames per second per call moved by each worker's media port (should be 50.0 both ways);
+- the p99 interval between the RTP packets each call sends (tcpdump on loopback): the media
+  clock's callback interval as the caller sees it;
+- memory (RSS) per call above the idle pool;
+
+then the set-up rate ramp: short calls at increasing rates, counting answered, refused (486/503)
+and failed calls per rate, the highest rate with no refusal and no failure, and whether any
+worker process died (an abort would show as a restart). Loopback only, bounded in calls and time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.integration.harness import (  # noqa: E402
+    Server,
+    Sipp,
+    free_port,
+    free_port_block,
+    rtp_range,
+    wait_for,
+)
+from tests.integration.rtp_capture import Capture  # noqa: E402
+from voicegate.front_door import find_executable  # noqa: E402
+from voicegate.kamailio_config import (  # noqa: E402
+    FrontDoor,
+    render_config,
+    render_dispatcher_list,
+)
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+PAGE = os.sysconf("SC_PAGE_SIZE")
+SPEECH_S = 7.2  # pcap/g711a.pcap
+BASELINE_WAV = ROOT / "agents" / "prompts" / "greeting.wav"
+
+# A caller that talks for its whole call: the A-law speech capture, again and again.
+SPEAKING_CALLER = """<?xml version="1.0" encoding="ISO-8859-1" ?>
+<!DOCTYPE scenario SYSTEM "sipp.dtd">
+<scenario name="capacity: a caller who keeps talking">
+  <send retrans="500"><![CDATA[
+
+      INVITE sip:[service]@[remote_ip]:[remote_port] SIP/2.0
+      Via: SIP/2.0/[transport] [local_ip]:[local_port];branch=[branch]
+      From: sipp <sip:sipp@[local_ip]:[local_port]>;tag=[pid]SIPpTag00[call_number]
+      To: <sip:[service]@[remote_ip]:[remote_port]>
+      Call-ID: [call_id]
+      CSeq: 1 INVITE
+      Contact: sip:sipp@[local_ip]:[local_port]
+      Max-Forwards: 70
+      Content-Type: application/sdp
+      Content-Length: [len]
+
+      v=0
+      o=user1 53655765 2353687637 IN IP[local_ip_type] [local_ip]
+      s=-
+      c=IN IP[media_ip_type] [media_ip]
+      t=0 0
+      m=audio [media_port] RTP/AVP 8 101
+      a=rtpmap:8 PCMA/8000
+      a=rtpmap:101 telephone-event/8000
+
+  ]]></send>
+  <recv response="100" optional="true"/>
+  <recv response="180" optional="true"/>
+  <recv response="200" rtd="true" rrs="true"/>
+  <send><![CDATA[
+
+      ACK [next_url] SIP/2.0
+      Via: SIP/2.0/[transport] [local_ip]:[local_port];branch=[branch]
+      From: sipp <sip:sipp@[local_ip]:[local_port]>;tag=[pid]SIPpTag00[call_number]
+      To: <sip:[service]@[remote_ip]:[remote_port]>[peer_tag_param]
+      Call-ID: [call_id]
+      CSeq: 1 ACK
+      [routes]
+      Contact: sip:sipp@[local_ip]:[local_port]
+      Max-Forwards: 70
+      Content-Length: 0
+
+  ]]></send>
+  <nop><action><assign assign_to="n" value="0"/></action></nop>
+  <label id="talk"/>
+  <nop><action><exec play_pcap_audio="pcap/g711a.pcap"/></action></nop>
+  <pause milliseconds="{speech_ms}"/>
+  <nop><action>
+    <add assign_to="n" value="1"/>
+    <test assign_to="again" variable="n" compare="less_than" value="{loops}"/>
+  </action></nop>
+  <nop next="talk" test="again"/>
+  <send retrans="500"><![CDATA[
+
+      BYE [next_url] SIP/2.0
+      Via: SIP/2.0/[transport] [local_ip]:[local_port];branch=[branch]
+      From: sipp <sip:sipp@[local_ip]:[local_port]>;tag=[pid]SIPpTag00[call_number]
+      To: <sip:[service]@[remote_ip]:[remote_port]>[peer_tag_param]
+      Call-ID: [call_id]
+      CSeq: 2 BYE
+      [routes]
+      Contact: sip:sipp@[local_ip]:[local_port]
+      Max-Forwards: 70
+      Content-Length: 0
+
+  ]]></send>
+  <recv response="200" crlf="true"/>
+</scenario>
+"""
+
+
+def cpu_seconds(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
+
+
+def rss_bytes(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
+    except (FileNotFoundError, ProcessLookupError):
+        return 0
+
+
+def descendants(pid: int) -> list[int]:
+    """``pid`` and every process below it (Kamailio forks its workers)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (FileNotFoundError, ProcessLookupError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        todo.extend(children.get(current, []))
+    return found
+
+
+class CpuWindow:
+    def __init__(self, pids: Iterable[int]) -> None:
+        self.pids = list(pids)
+        self.start_cpu = {pid: cpu_seconds(pid) for pid in self.pids}
+        self.start = time.monotonic()
+
+    def percent(self) -> float:
+        """CPU since the start, as a percentage of one core."""
+        spent = sum(cpu_seconds(pid) - self.start_cpu[pid] for pid in self.pids)
+        return 100.0 * spent / (time.monotonic() - self.start)
+
+
+def write_scenario(work: Path, call_s: float) -> Path:
+    loops = max(1, math.ceil(call_s / SPEECH_S))
+    path = work / f"speaking-caller-{loops}.xml"
+    path.write_text(SPEAKING_CALLER.format(speech_ms=round(SPEECH_S * 1000), loops=loops))
+    return path
+
+
+@dataclass
+class Step:
+    calls: int
+    held: int
+    cpu_total: float
+    cpu_per_call: float
+    fps_in: float
+    fps_out: float
+    interval_p99_ms: float
+    rss_per_call_mb: float
+    baseline_per_call: float | None = None
+
+
+def rtp_interval_p99_ms(work: Path, rtp: tuple[int, int], seconds: float) -> tuple[float, int]:
+    """p99 of the gaps between consecutive packets each server RTP port sends."""
+    capture = Capture(work / f"rtp-{time.monotonic_ns()}.pcap", *rtp)
+    time.sleep(seconds)
+    packets = capture.stop()
+    by_port: dict[int, list[float]] = {}
+    for packet in packets:
+        if rtp[0] <= packet.src_port <= rtp[1]:
+            by_port.setdefault(packet.src_port, []).append(packet.at)
+    gaps: list[float] = []
+    for times in by_port.values():
+        gaps.extend(b - a for a, b in itertools.pairwise(times))
+    if not gaps:
+        return float("nan"), 0
+    gaps.sort()
+    return gaps[min(len(gaps) - 1, int(0.99 * len(gaps)))] * 1000, len(by_port)
+
+
+class Pool:
+    def __init__(self, work: Path, workers: int) -> None:
+        self.rtp = rtp_range(size=max(40, 8 * workers + 8))
+        env = {
+            "VOICEGATE_POOL_WORKERS": str(workers),
+            "VOICEGATE_POOL_WORKER_SIP_PORT": str(free_port_block(workers)),
+            "VOICEGATE_POOL_WORKER_HTTP_PORT": str(free_port_block(workers, udp_and_tcp=False)),
+            "VOICEGATE_MEDIA_RTP_PORT_MIN": str(self.rtp[0]),
+            "VOICEGATE_MEDIA_RTP_PORT_MAX": str(self.rtp[1]),
+            "VOICEGATE_LOG_LEVEL": "warning",
+            # Per worker; the pool admits workers x this. The ramp measures the whole.
+            "VOICEGATE_SIP_MAX_SETUP_RATE": "30",
+            "VOICEGATE_SESSION_NO_INPUT_S": "0",
+            "VOICEGATE_POOL_START_TIMEOUT_S": "120",
+        }
+        self.server = Server(work / "pool", env_overrides=env)
+        self.workers = workers
+
+    def start(self) -> None:
+        self.server.start()
+        wait_for(lambda: self.ready() == self.workers, 180, "every worker ready")
+
+    def workers_now(self) -> list[dict[str, Any]]:
+        status, body = self.server.http("/v1/pool")
+        assert status == 200, body
+        return list(body["workers"])
+
+    def ready(self) -> int:
+        return sum(1 for w in self.workers_now() if w["state"] == "ready")
+
+    def worker_pids(self) -> list[int]:
+        return [int(w["pid"]) for w in self.workers_now() if w["pid"]]
+
+    def restarts(self) -> int:
+        return sum(int(w["restarts"]) for w in self.workers_now())
+
+    def frames(self) -> dict[str, tuple[int, int]]:
+        return {
+            c["call_id"]: (c["frames_in"], c["frames_out"])
+            for c in self.server.live_calls()
+            if c.get("frames_in") is not None
+        }
+
+
+def measure_step(pool: Pool, calls: int, hold_s: float, work: Path, idle: dict[str, float]) -> Step:
+    ramp_s = calls / 20 + 5
+    scenario = write_scenario(work, ramp_s + hold_s + 10)
+    callers = Sipp(
+        str(scenario), pool.server.sip_target, work / f"step-{calls}", calls=calls, rate=20,
+        limit=calls, timeout_s=int(ramp_s + hold_s + 60),
+    ).start()  # fmt: skip
+    try:
+        wait_for(
+            lambda: sum(1 for c in pool.server.live_calls() if c["state"] == "answered") >= calls,
+            ramp_s + 20,
+            f"{calls} answered calls",
+        )
+        time.sleep(2)  # let every call's media settle
+        pids = pool.worker_pids()
+        cpu = CpuWindow(pids)
+        frames_before, t0 = pool.frames(), time.monotonic()
+        p99, _streams = rtp_interval_p99_ms(work, pool.rtp, min(5.0, hold_s / 2))
+        time.sleep(max(0.0, hold_s - (time.monotonic() - t0)))
+        frames_after, t1 = pool.frames(), time.monotonic()
+        total = cpu.percent()
+        rss = sum(rss_bytes(pid) for pid in pids)
+        held = sum(1 for c in pool.server.live_calls() if c["state"] == "answered")
+    finally:
+        callers.kill()
+    rates_in, rates_out = [], []
+    for call_id, (fin, fout) in frames_after.items():
+        if call_id in frames_before:
+            rates_in.append((fin - frames_before[call_id][0]) / (t1 - t0))
+            rates_out.append((fout - frames_before[call_id][1]) / (t1 - t0))
+    wait_for(lambda: not pool.server.live_calls(), 60, "the step's calls to end")
+    return Step(
+        calls=calls,
+        held=held,
+        cpu_total=total,
+        cpu_per_call=(total - idle["cpu"]) / calls,
+        fps_in=statistics.fmean(rates_in) if rates_in else float("nan"),
+        fps_out=statistics.fmean(rates_out) if rates_out else float("nan"),
+        interval_p99_ms=p99,
+        rss_per_call_mb=(rss - idle["rss"]) / calls / 2**20,
+    )
+
+
+def baseline_per_call(calls: int, hold_s: float, work: Path) -> float:
+    """CPU per call (% of a core, above idle) of C-only pjsua2 callees behind their own Kamailio."""
+    count = math.ceil(calls / 4)
+    first = free_port_block(count)
+    low, high = rtp_range(size=max(40, 8 * count + 8))
+    width = ((high - low + 1) // count) & ~1
+    procs = []
+    for i in range(count):
+        rtp = f"{low + i * width}-{low + (i + 1) * width - 1}"
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(ROOT / "bench" / "pjsua2_baseline.py"), "--port",
+                 str(first + i), "--rtp", rtp, "--wav", str(BASELINE_WAV)],
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            )
+        )  # fmt: skip
+    for proc in procs:
+        assert proc.stdout is not None and b"ready" in proc.stdout.readline()
+    run_dir = work / "baseline-front"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    door = FrontDoor("127.0.0.1", port, run_dir / "ctl.sock", run_dir / "list", run_dir)
+    (run_dir / "list").write_text(
+        render_dispatcher_list([(f"b.{i}", f"sip:127.0.0.1:{first + i}") for i in range(count)])
+    )
+    (run_dir / "k.cfg").write_text(render_config(door))
+    kamailio, _ = find_executable("kamailio")
+    front = subprocess.Popen(
+        [kamailio, "-f", str(run_dir / "k.cfg"), "-Y", str(run_dir), "-DD", "-E"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        time.sleep(2)
+        pids = [p.pid for p in procs]
+        idle = CpuWindow(pids)
+        time.sleep(5)
+        idle_cpu = idle.percent()
+        ramp_s = calls / 20 + 5
+        scenario = write_scenario(work, ramp_s + hold_s + 10)
+        callers = Sipp(
+            str(scenario), f"127.0.0.1:{port}", work / "baseline-calls", calls=calls, rate=20,
+            limit=calls, timeout_s=int(ramp_s + hold_s + 60),
+        ).start()  # fmt: skip
+        time.sleep(ramp_s + 2)
+        cpu = CpuWindow(pids)
+        time.sleep(hold_s)
+        spent = cpu.percent()
+        callers.kill()
+    finally:
+        front.terminate()
+        for proc in procs:
+            proc.terminate()
+        for proc in [front, *procs]:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    return (spent - idle_cpu) / calls
+
+
+def rate_ramp(pool: Pool, rates: list[int], work: Path) -> None:
+    print("\nset-up rate ramp (uac-burst: INVITE, 200, ACK, BYE at once; 3 s per rate)")
+    print(f"  {'rate/s':>7} {'calls':>6} {'answered':>9} {'refused':>8} {'failed':>7}  workers")
+    best = 0
+    pids_before = set(pool.worker_pids())
+    for rate in rates:
+        calls = rate * 3
+        before = pool.server.metrics()
+        burst = Sipp(
+            "uac-burst.xml", pool.server.sip_target, work / f"rate-{rate}", calls=calls,
+            rate=rate, limit=max(8, pool.workers * 4), timeout_s=60,
+        )  # fmt: skip
+        burst.run()
+        after = pool.server.metrics()
+
+        def delta(name: str, after: Samples = after, before: Samples = before) -> float:
+            return sum(v for (n, _), v in after.items() if n == name) - sum(
+                v for (n, _), v in before.items() if n == name
+            )
+
+        answered = int(delta("voicegate_calls_offered_total"))
+        refused = int(
+            delta("voicegate_calls_refused_total") + delta("voicegate_front_door_refused_total")
+        )
+        # uac-burst takes a 486 or 503 as a proper answer: what SIPp counts failed got none.
+        failed_sipp = _sipp_failed(work / f"rate-{rate}")
+        alive = set(pool.worker_pids())
+        state = "all up" if alive == pids_before and pool.restarts() == 0 else "RESTARTED"
+        print(f"  {rate:>7} {calls:>6} {answered:>9} {refused:>8} {failed_sipp:>7}  {state}")
+        if answered == calls and failed_sipp == 0:
+            best = rate
+        time.sleep(2)
+    print(f"  highest rate with every call answered: {best}/s")
+
+
+def _sipp_failed(work: Path) -> int:
+    """Calls SIPp counted as failed for another reason than the refusal it expects."""
+    stat = work / "uac-burst.stat.csv"
+    if not stat.exists():
+        return 0
+    lines = stat.read_text().splitlines()
+    if len(lines) < 2:
+        return 0
+    header, last = lines[0].split(";"), lines[-1].split(";")
+    row = dict(zip(header, last, strict=False))
+    return int(row.get("FailedCall(C)", "0") or 0)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", default="20,40,60,80,100", help="concurrent calls per step")
+    parser.add_argument("--hold", type=float, default=20.0, help="seconds measured per step")
+    parser.add_argument("--rates", default="10,20,40,60,80,120", help="set-up rates to ramp")
+    parser.add_argument("--no-baseline", action="store_true")
+    parser.add_argument("--work", help="keep logs and captures here (default: a temp dir)")
+    args = parser.parse_args()
+    steps = [int(x) for x in args.steps.split(",")]
+    rates = [int(x) for x in args.rates.split(",") if x]
+    work = Path(args.work or tempfile.mkdtemp(prefix="voicegate-capacity-"))
+    work.mkdir(parents=True, exist_ok=True)
+    workers = math.ceil(max(steps) / 4)
+    print(
+        f"voicegate capacity: {workers} workers x 4 calls behind Kamailio, {os.cpu_count()} cores"
+    )
+    print(f"  work dir: {work}")
+    pool = Pool(work, workers)
+    pool.start()
+    results: list[Step] = []
+    try:
+        time.sleep(3)
+        pids = pool.worker_pids()
+        window = CpuWindow(pids)
+        time.sleep(5)
+        idle = {"cpu": window.percent(), "rss": float(sum(rss_bytes(p) for p in pids))}
+        print(
+            f"  idle pool: {idle['cpu']:.1f}% of a core for {workers} workers, "
+            f"{idle['rss'] / 2**20:.0f} MiB RSS"
+        )
+        for calls in steps:
+            step = measure_step(pool, calls, args.hold, work, idle)
+            results.append(step)
+            print(
+                f"  step {calls:>3}: held {step.held}, workers {step.cpu_total:.0f}% of a core, "
+                f"{step.cpu_per_call:.2f}%/call, fps in/out {step.fps_in:.1f}/{step.fps_out:.1f}, "
+                f"RTP interval p99 {step.interval_p99_ms:.1f} ms, "
+                f"{step.rss_per_call_mb:.1f} MiB/call",
+                flush=True,
+            )
+        if rates:
+            rate_ramp(pool, rates, work)
+    finally:
+        pool.server.stop()
+    if not args.no_baseline and results:
+        top = results[-1]
+        top.baseline_per_call = baseline_per_call(top.calls, args.hold, work)
+    print("\nconcurrent calls with speech both ways (G.711 A-law caller, 16 kHz bridge)")
+    print(
+        f"  {'calls':>5} {'held':>5} {'CPU all':>8} {'CPU/call':>9} {'C-only':>7} {'ratio':>6} "
+        f"{'fps in':>7} {'fps out':>8} {'p99 ms':>7} {'MiB/call':>9}"
+    )
+    for s in results:
+        base = f"{s.baseline_per_call:.2f}%" if s.baseline_per_call is not None else "-"
+        ratio = f"{s.cpu_per_call / s.baseline_per_call:.1f}x" if s.baseline_per_call else "-"
+        print(
+            f"  {s.calls:>5} {s.held:>5} {s.cpu_total:>7.0f}% {s.cpu_per_call:>8.2f}% {base:>7} "
+            f"{ratio:>6} {s.fps_in:>7.1f} {s.fps_out:>8.1f} {s.interval_p99_ms:>7.1f} "
+            f"{s.rss_per_call_mb:>9.1f}"
+        )
+    print(
+        "  CPU is a percentage of one core (this machine has 2); per call is above the idle pool."
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,208 @@
+"""The worker pool behind Kamailio, with real SIPp callers: capacity, failover, crash, drain."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.harness import Server, Sipp, free_port_block, rtp_range, wait_for
+
+if shutil.which("kamailio") is None:  # pragma: no cover - CI installs it
+    raise pytest.UsageError("pool tests need Kamailio: apt-get install kamailio")
+
+WORKERS = 3
+
+
+def pool_env(workers: int = WORKERS, **extra: str) -> dict[str, str]:
+    low, high = rtp_range(size=40 * workers)
+    return {
+        "VOICEGATE_POOL_WORKERS": str(workers),
+        "VOICEGATE_POOL_WORKER_SIP_PORT": str(free_port_block(workers)),
+        "VOICEGATE_POOL_WORKER_HTTP_PORT": str(free_port_block(workers, udp_and_tcp=False)),
+        "VOICEGATE_POOL_HEALTH_INTERVAL_S": "0.5",
+        "VOICEGATE_POOL_PROBE_INTERVAL_S": "1",
+        "VOICEGATE_MEDIA_RTP_PORT_MIN": str(low),
+        "VOICEGATE_MEDIA_RTP_PORT_MAX": str(high),
+        **extra,
+    }
+
+
+@pytest.fixture
+def pool(server_factory) -> Iterator[Server]:  # type: ignore[no-untyped-def]
+    server = server_factory("pool", **pool_env())
+    wait_for(lambda: ready_workers(server) == WORKERS, 30, "every worker ready")
+    yield server
+
+
+def workers(server: Server) -> list[dict[str, Any]]:
+    status, body = server.http("/v1/pool")
+    assert status == 200, body
+    return body["workers"]  # type: ignore[no-any-return]
+
+
+def ready_workers(server: Server) -> int:
+    return sum(1 for w in workers(server) if w["state"] == "ready")
+
+
+def answered(server: Server) -> list[dict[str, Any]]:
+    return [c for c in server.live_calls() if c["state"] == "answered"]
+
+
+def test_twelve_calls_fill_three_workers_and_a_thirteenth_is_refused(
+    pool: Server, tmp_path: Path
+) -> None:
+    callers = Sipp(
+        "uac-speech-dtmf.xml", pool.sip_target, tmp_path / "twelve", calls=12, rate=10, limit=12
+    ).start()
+    wait_for(lambda: len(answered(pool)) == 12, 20, "12 answered calls")
+    per_worker = Counter(c["worker"] for c in pool.live_calls())
+    assert sorted(per_worker.values()) == [4, 4, 4], per_worker
+    busy = Sipp("uac-busy.xml", pool.sip_target, tmp_path / "busy")
+    assert busy.run() == 0, busy.errors()
+    # Every worker refused it as full, and Kamailio tried each in turn.
+    assert pool.metric("voicegate_calls_refused_total", reason="capacity", status="486") == 3
+    assert pool.metric("voicegate_dispatcher_failovers_total") >= 2
+    assert len(pool.live_calls()) == 12
+    assert callers.wait() == 0, callers.errors()
+    wait_for(
+        lambda: pool.metric("voicegate_calls_total", outcome="completed") == 12,
+        10,
+        "12 completed calls in the pool's metrics",
+    )
+    # One /metrics sums the workers: 12 calls offered across three processes.
+    assert pool.metric("voicegate_calls_offered_total") == 12
+    assert pool.metric("voicegate_pool_workers", state="ready") == WORKERS
+    sessions = pool.sessions()
+    assert len(sessions) == 12
+    assert {s["ended"]["terminal_state"] for s in sessions} == {"completed"}
+    owners = Counter(s["owner"].split("/")[0] for s in sessions)
+    assert sorted(owners) == ["worker-0.0", "worker-0.1", "worker-0.2"]
+
+
+def test_a_worker_killed_during_calls_is_restarted_and_its_sessions_end(
+    pool: Server, tmp_path: Path
+) -> None:
+    callers = Sipp(
+        "uac-speech-dtmf.xml", pool.sip_target, tmp_path / "six", calls=6, rate=10, limit=6
+    ).start()
+    wait_for(lambda: len(answered(pool)) == 6, 20, "6 answered calls")
+    victim = workers(pool)[0]
+    victims = [c["call_id"] for c in pool.live_calls() if c["worker"] == victim["name"]]
+    assert len(victims) == 2
+    os.kill(victim["pid"], signal.SIGKILL)
+
+    def restarted() -> dict[str, Any] | None:
+        now = workers(pool)[0]
+        fresh = now["restarts"] == 1 and now["state"] == "ready" and now["pid"] != victim["pid"]
+        return now if fresh else None
+
+    now = wait_for(restarted, 30, "the killed worker to be restarted and ready")
+    assert now["last_exit"] == -signal.SIGKILL
+    assert now["owner"] != victim["owner"]
+    # The new incarnation finalised what the dead one owned, at start-up.
+    for call_id in victims:
+        status, session = pool.http(f"/v1/sessions/{call_id}")
+        assert status == 200, session
+        assert (session["ended"]["terminal_state"], session["ended"]["stage"]) == (
+            "failed",
+            "process",
+        )
+    assert pool.metric("voicegate_sessions_reaped_total", why="predecessor") == 2
+    assert (
+        pool.metric("voicegate_pool_worker_restarts_total", worker=victim["name"], reason="exited")
+        == 1
+    )
+    # The other four calls were untouched; the two on the dead worker could not end cleanly.
+    assert callers.wait() != 0
+    wait_for(
+        lambda: pool.metric("voicegate_calls_total", outcome="completed") == 4,
+        10,
+        "the 4 other calls completed",
+    )
+    # New calls keep flowing, over all three workers again.
+    after = Sipp(
+        "uac-speech-dtmf.xml", pool.sip_target, tmp_path / "after", calls=6, rate=10, limit=6
+    ).start()
+    wait_for(lambda: len(answered(pool)) == 6, 20, "6 more answered calls")
+    assert sorted(Counter(c["worker"] for c in pool.live_calls()).values()) == [2, 2, 2]
+    assert after.wait() == 0, after.errors()
+    ended = Counter(s["ended"]["terminal_state"] for s in pool.sessions())
+    assert ended == {"completed": 10, "failed": 2}
+
+
+def test_a_worker_that_stops_answering_is_replaced(pool: Server) -> None:
+    frozen = workers(pool)[1]
+    # SIGSTOP: the process lives but answers nothing, as a worker wedged in a loop would.
+    os.kill(frozen["pid"], signal.SIGSTOP)
+
+    def replaced() -> dict[str, Any] | None:
+        now = workers(pool)[1]
+        return now if now["pid"] != frozen["pid"] and now["state"] == "ready" else None
+
+    now = wait_for(replaced, 30, "the frozen worker to be replaced")
+    assert now["last_exit"] == -signal.SIGKILL
+    assert (
+        pool.metric(
+            "voicegate_pool_worker_restarts_total", worker=frozen["name"], reason="unresponsive"
+        )
+        == 1
+    )
+    # pool.health_failures (3) checks failed before the kill.
+    assert pool.metric("voicegate_pool_health_check_failures_total", worker=frozen["name"]) >= 3
+    assert ready_workers(pool) == WORKERS
+
+
+def test_an_operator_hangs_up_a_call_through_the_supervisor(pool: Server, tmp_path: Path) -> None:
+    caller = Sipp("uac-wait-for-bye.xml", pool.sip_target, tmp_path / "held").start()
+    (call,) = wait_for(lambda: answered(pool), 10, "an answered call")
+    status, body = pool.http(f"/v1/calls/{call['call_id']}")
+    assert status == 200 and body["worker"] == call["worker"], body
+    assert pool.post(f"/v1/calls/{call['call_id']}/hangup") == 202
+    assert caller.wait() == 0, caller.errors()  # the BYE came, routed back through Kamailio
+    (session,) = pool.sessions()
+    assert session["ended"]["terminal_state"] == "canceled"
+    assert session["ended"]["reason"] == "hung up by operator"
+    assert pool.post(f"/v1/calls/{call['call_id']}/hangup") == 404
+    assert pool.post("/v1/calls/no-such-call/hangup") == 404
+
+
+def test_sigterm_drains_the_pool_without_cutting_calls(
+    server_factory,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+) -> None:
+    pool = server_factory("pool", **pool_env(VOICEGATE_SIP_DRAIN_DEADLINE_S="60"))
+    wait_for(lambda: ready_workers(pool) == WORKERS, 30, "every worker ready")
+    callers = Sipp(
+        "uac-speech-dtmf.xml", pool.sip_target, tmp_path / "live", calls=3, rate=10, limit=3
+    ).start()
+    wait_for(lambda: len(answered(pool)) == 3, 20, "3 answered calls")
+    pool.signal(signal.SIGTERM)
+    wait_for(lambda: pool.http("/readyz")[0] == 503, 5, "the pool to say not ready")
+    # The front door stops sending calls in: Kamailio itself answers 503.
+    refused = Sipp("uac-refused.xml", pool.sip_target, tmp_path / "refused")
+    assert refused.run() == 0, refused.errors()
+    assert callers.wait() == 0, callers.errors()
+    assert pool.wait_exit(30) == 0
+    assert {s["terminal_state"] for s in pool.stored_sessions()} == {"completed"}
+    assert len(pool.stored_sessions()) == 3
+
+
+def test_a_pool_without_kamailio_says_how_to_install_it(tmp_path: Path) -> None:
+    server = Server(tmp_path, env_overrides=pool_env(VOICEGATE_POOL_KAMAILIO="/nonexistent/kam"))
+    result = subprocess.run(
+        [sys.executable, "-m", "voicegate", "serve"],
+        env=server.env,
+        capture_output=True,
+        timeout=60,
+    )
+    assert result.returncode == 3
+    assert "apt install kamailio" in result.stderr.decode()

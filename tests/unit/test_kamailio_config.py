@@ -1,0 +1,118 @@
+"""The generated Kamailio configuration: Kamailio accepts it, and deploy/ is its output."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from voicegate.front_door import find_executable
+from voicegate.kamailio_config import FrontDoor, render_config, render_dispatcher_list
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy" / "kamailio"
+# The command deploy/kamailio/README.md gives for its two-host example.
+EXAMPLE_ENV = {"VOICEGATE_SIP_ADDRESS": "203.0.113.10", "VOICEGATE_SIP_PORT": "5060"}
+EXAMPLE_ARGS = [
+    "front-door-config",
+    "--worker", "hosta.0=sip:10.0.0.11:5100",
+    "--worker", "hosta.1=sip:10.0.0.11:5101",
+    "--worker", "hostb.0=sip:10.0.0.12:5100",
+    "--worker", "hostb.1=sip:10.0.0.12:5101",
+    "--run-dir", "/run/voicegate-front",
+    "--list-file", "/etc/voicegate-front/dispatcher.list",
+]  # fmt: skip
+
+
+def door(tmp_path: Path, address: str = "127.0.0.1") -> FrontDoor:
+    return FrontDoor(
+        address=address,
+        port=5060,
+        ctl_socket=tmp_path / "ctl.sock",
+        dispatcher_list=tmp_path / "dispatcher.list",
+        runtime_dir=tmp_path,
+    )
+
+
+def kamailio_check(config: Path, runtime_dir: Path) -> subprocess.CompletedProcess[str]:
+    kamailio, _ = find_executable("kamailio")
+    return subprocess.run(
+        [kamailio, "-c", "-f", str(config), "-Y", str(runtime_dir)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+def test_kamailio_accepts_the_generated_configuration(tmp_path: Path) -> None:
+    (tmp_path / "dispatcher.list").write_text(
+        render_dispatcher_list([("w.0", "sip:127.0.0.1:5100"), ("w.1", "sip:127.0.0.1:5101")])
+    )
+    config = tmp_path / "kamailio.cfg"
+    config.write_text(render_config(door(tmp_path)))
+    result = kamailio_check(config, tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "udp: 127.0.0.1" in result.stdout + result.stderr
+
+
+def test_ipv6_addresses_are_bracketed(tmp_path: Path) -> None:
+    text = render_config(door(tmp_path, "::1"))
+    assert "listen=udp:[::1]:5060" in text
+    assert render_dispatcher_list([("w.0", "sip:[::1]:5100")]).splitlines()[1] == (
+        "1 sip:[::1]:5100 0 0 duid=w.0"
+    )
+
+
+def test_failover_covers_busy_unavailable_and_silence_but_not_other_answers(
+    tmp_path: Path,
+) -> None:
+    text = render_config(door(tmp_path))
+    assert 't_check_status("486|503")' in text
+    assert "t_branch_timeout()" in text and 'ds_mark_dst("ip")' in text
+    assert "record_route();" in text and "loose_route()" in text
+
+
+def test_deploy_example_is_the_generators_output(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VOICEGATE_")}
+    result = subprocess.run(
+        [sys.executable, "-m", "voicegate", *EXAMPLE_ARGS, "--out", str(tmp_path)],
+        env={**env, **EXAMPLE_ENV},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr
+    for name in ("kamailio.cfg", "dispatcher.list"):
+        assert (tmp_path / name).read_text() == (DEPLOY / name).read_text(), (
+            f"deploy/kamailio/{name} is stale: rerun the command in deploy/kamailio/README.md"
+        )
+    # And Kamailio accepts the example (the list file path is the deployed one: point it here).
+    shutil.copy(DEPLOY / "dispatcher.list", tmp_path / "dispatcher.list")
+    config = tmp_path / "check.cfg"
+    config.write_text(
+        (DEPLOY / "kamailio.cfg")
+        .read_text()
+        .replace("/etc/voicegate-front/dispatcher.list", str(tmp_path / "dispatcher.list"))
+        .replace("203.0.113.10", "127.0.0.1")
+        .replace("/run/voicegate-front", str(tmp_path))
+    )
+    result_check = kamailio_check(config, tmp_path)
+    assert result_check.returncode == 0, result_check.stdout + result_check.stderr
+
+
+def test_a_bad_worker_spec_is_refused(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "voicegate", "front-door-config", "--worker", "oops",
+         "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=ROOT,
+        env={k: v for k, v in os.environ.items() if not k.startswith("VOICEGATE_")},
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "expected NAME=sip:host:port" in result.stderr
+    assert not (tmp_path / "kamailio.cfg").exists()

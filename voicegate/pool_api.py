@@ -1,0 +1,166 @@
+"""The pool's one control plane: the supervisor's aiohttp app over all workers.
+
+Sessions are read from the store the workers share (the same handlers as a single process).
+Live calls are asked of the workers: the list is gathered from every worker, and a request about
+one call goes to the worker whose current incarnation owns its session. ``/metrics`` sums every
+worker's metrics (prometheus-client multiprocess files, kept across worker restarts) and adds the
+supervisor's own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, multiprocess
+
+from voicegate.http_api import add_sessions_routes
+from voicegate.supervisor import Supervisor, Worker, WorkerState
+
+SUPERVISOR = web.AppKey("supervisor", Supervisor)
+_WORKER_TIMEOUT = aiohttp.ClientTimeout(total=3.0)
+
+
+def _error(status: int, message: str, **fields: object) -> web.Response:
+    return web.json_response({"error": message, **fields}, status=status)
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    sup = request.app[SUPERVISOR]
+    body = {
+        "ready": sup.ready,
+        "draining": sup.stopping,
+        "front_door_up": sup.front is not None and sup.front.running,
+        "workers_ready": sum(1 for w in sup.workers if w.state is WorkerState.READY),
+        "workers": len(sup.workers),
+    }
+    return web.json_response(body, status=200 if sup.ready else 503)
+
+
+async def pool(request: web.Request) -> web.Response:
+    sup = request.app[SUPERVISOR]
+    return web.json_response(
+        {
+            "workers": [w.snapshot() for w in sup.workers],
+            "calls_per_worker": sup.pool.calls_per_worker,
+            "front_door": {
+                "sip": f"{sup.settings.sip.address}:{sup.settings.sip.port}",
+                "running": sup.front is not None and sup.front.running,
+                "config": str(sup.front.config_path) if sup.front is not None else None,
+            },
+        }
+    )
+
+
+async def metrics(request: web.Request) -> web.Response:
+    sup = request.app[SUPERVISOR]
+    await sup.refresh_front_door_counters()
+    workers = CollectorRegistry()
+    multiprocess.MultiProcessCollector(workers, path=str(sup.metrics_dir))  # type: ignore[no-untyped-call]
+    payload = generate_latest(workers) + generate_latest(sup.metrics.registry)
+    response = web.Response(body=payload)
+    response.content_type = CONTENT_TYPE_LATEST.split(";")[0]
+    response.charset = "utf-8"
+    return response
+
+
+async def _ask(
+    sup: Supervisor, worker: Worker, method: str, path: str
+) -> tuple[int, object] | None:
+    """One request to a worker's control port; None if it does not answer."""
+    try:
+        async with sup.http().request(
+            method, worker.slot.control_url + path, timeout=_WORKER_TIMEOUT
+        ) as resp:
+            return resp.status, await resp.json()
+    except (aiohttp.ClientError, TimeoutError, ValueError):
+        return None
+
+
+async def list_calls(request: web.Request) -> web.Response:
+    sup = request.app[SUPERVISOR]
+    alive = [w for w in sup.workers if w.pid is not None]
+    answers = await asyncio.gather(*(_ask(sup, w, "GET", "/v1/calls") for w in alive))
+    calls: list[object] = []
+    unreachable = []
+    for worker, answer in zip(alive, answers, strict=True):
+        if answer is None or answer[0] != 200 or not isinstance(answer[1], dict):
+            unreachable.append(worker.slot.name)
+            continue
+        for call in answer[1].get("calls", []):
+            if isinstance(call, dict):
+                calls.append({**call, "worker": worker.slot.name})
+    return web.json_response({"calls": calls, "unreachable_workers": unreachable})
+
+
+def _owning_worker(sup: Supervisor, call_id: str) -> tuple[Worker | None, web.Response | None]:
+    summary = sup.store.get(call_id)
+    if summary is None:
+        return None, _error(404, "no such call", call_id=call_id)
+    worker = sup.worker_of(summary.owner)
+    if summary.terminal_state is not None or worker is None:
+        return None, _error(
+            409 if summary.terminal_state is None else 404,
+            "the call is not live on any worker",
+            call_id=call_id,
+            session=f"/v1/sessions/{call_id}",
+            terminal_state=summary.terminal_state,
+        )
+    return worker, None
+
+
+async def get_call(request: web.Request) -> web.Response:
+    sup = request.app[SUPERVISOR]
+    call_id = request.match_info["call_id"]
+    summary = sup.store.get(call_id)
+    if summary is None:
+        return _error(404, "no such call", call_id=call_id)
+    worker = sup.worker_of(summary.owner)
+    live = None
+    if worker is not None and summary.terminal_state is None:
+        answer = await _ask(sup, worker, "GET", f"/v1/calls/{call_id}")
+        if answer is not None and answer[0] == 200 and isinstance(answer[1], dict):
+            live = answer[1].get("live")
+    return web.json_response(
+        {
+            "call_id": call_id,
+            "live": live,
+            "worker": worker.slot.name if worker is not None else None,
+            "session": f"/v1/sessions/{call_id}",
+        }
+    )
+
+
+async def hangup_call(request: web.Request) -> web.Response:
+    sup = request.app[SUPERVISOR]
+    call_id = request.match_info["call_id"]
+    worker, refusal = _owning_worker(sup, call_id)
+    if refusal is not None:
+        return refusal
+    assert worker is not None
+    answer = await _ask(sup, worker, "POST", f"/v1/calls/{call_id}/hangup")
+    if answer is None:
+        return _error(502, "the call's worker did not answer", worker=worker.slot.name)
+    status, body = answer
+    return web.json_response(
+        {**body, "worker": worker.slot.name} if isinstance(body, dict) else body, status=status
+    )
+
+
+def make_pool_app(supervisor: Supervisor) -> web.Application:
+    app = web.Application()
+    app[SUPERVISOR] = supervisor
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/v1/pool", pool)
+    app.router.add_get("/v1/calls", list_calls)
+    app.router.add_get("/v1/calls/{call_id}", get_call)
+    app.router.add_post("/v1/calls/{call_id}/hangup", hangup_call)
+    add_sessions_routes(app, supervisor)
+    return app

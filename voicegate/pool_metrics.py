@@ -1,0 +1,83 @@
+"""The supervisor's own metrics: the pool's workers and its front door.
+
+The workers' metrics come from prometheus-client's multiprocess files (see ``pool_api``); these
+live in the supervisor, which alone knows worker states and restarts. Kamailio's counters (calls
+failed over to another worker, INVITEs refused because no worker was in the set) are read over
+its ctl socket at scrape time and carried across a Kamailio restart, so they never go backwards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollector
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from voicegate.kamailio_config import STAT_FAILOVERS, STAT_NO_WORKER
+
+
+class PoolMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        ProcessCollector(registry=r, namespace="voicegate_supervisor")
+        self.workers = Gauge(
+            "voicegate_pool_workers",
+            "Workers by state (starting, ready, unhealthy, restarting, draining, stopped)",
+            ["state"],
+            registry=r,
+        )
+        self.restarts = Counter(
+            "voicegate_pool_worker_restarts_total",
+            "Worker restarts by worker and why the last one ended (exited, unresponsive, "
+            "start_timeout)",
+            ["worker", "reason"],
+            registry=r,
+        )
+        self.health_failures = Counter(
+            "voicegate_pool_health_check_failures_total",
+            "Failed worker health checks",
+            ["worker"],
+            registry=r,
+        )
+        self.front_door_up = Gauge(
+            "voicegate_front_door_up", "1 while Kamailio, the pool's front door, runs", registry=r
+        )
+        self.front_door_restarts = Counter(
+            "voicegate_front_door_restarts_total",
+            "Times Kamailio died and was started again",
+            registry=r,
+        )
+        # Last values read from Kamailio, and the totals of its earlier lives.
+        self.front_door_counters: dict[str, int] = {}
+        self._carried: dict[str, int] = {}
+        r.register(_FrontDoorCollector(self))
+
+    def fold_front_door_counters(self) -> None:
+        """Kamailio restarted (its counters start again from 0): keep what it had counted."""
+        for name, value in self.front_door_counters.items():
+            self._carried[name] = self._carried.get(name, 0) + value
+        self.front_door_counters = {}
+
+    def front_door_total(self, name: str) -> int:
+        return self._carried.get(name, 0) + self.front_door_counters.get(name, 0)
+
+
+class _FrontDoorCollector(Collector):
+    def __init__(self, metrics: PoolMetrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        failovers = CounterMetricFamily(
+            "voicegate_dispatcher_failovers",
+            "INVITEs that Kamailio sent on to another worker after a 486, 503 or timeout",
+        )
+        failovers.add_metric([], self._metrics.front_door_total(STAT_FAILOVERS))
+        yield failovers
+        refused = CounterMetricFamily(
+            "voicegate_front_door_refused",
+            "INVITEs the front door answered 503 itself: no worker in the dispatcher set",
+        )
+        refused.add_metric([], self._metrics.front_door_total(STAT_NO_WORKER))
+        yield refused

@@ -1,0 +1,479 @@
+"""The pool: a supervisor that runs N workers behind Kamailio and keeps them running.
+
+Each worker is ``voicegate worker --index i``: one pjsua2 endpoint on its own SIP port and RTP
+slice (``config.workers``), sharing the session store. The supervisor
+
+- starts Kamailio as the front door (``voicegate.front_door``), then the workers;
+- restarts a worker that exits, with exponential backoff (reset after a minute up); the new
+  incarnation settles and reaps what its predecessor left open (``Runtime.start``), so nothing the
+  dead one owned runs twice;
+- checks each worker's ``/healthz``, and kills and replaces one that stops answering;
+- takes a worker out of the dispatcher set the moment it dies, and back once it is ready;
+- on SIGTERM drains: the front door stops sending calls, each worker refuses new calls and lets
+  its live calls run up to ``sip.drain_deadline_s``, then the supervisor stops Kamailio and exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import os
+import shutil
+import signal
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+from prometheus_client import multiprocess
+
+from config import Settings
+from config.workers import WorkerSlot, worker_slots
+from session.reaper import reap_stale
+from session.store import SessionStore
+from session.store_sqlite import SqliteSessionStore
+from voicegate.front_door import FrontDoorError, Kamailio, front_door_for, unix_socket_path_ok
+from voicegate.pool_metrics import PoolMetrics
+from voicegate.process_tree import die_with_parent
+from voicegate.runtime import STORE_FILE
+
+log = logging.getLogger("voicegate.supervisor")
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+# A worker up this long is healthy again: its next death restarts after the base backoff.
+STABLE_AFTER_S = 60.0
+_READY_POLL_S = 0.1
+# Beyond the drain deadline and the shutdown grace, how long a worker may take to exit.
+_EXIT_SLACK_S = 15.0
+_FRONT_DOOR_RESTART_S = 1.0
+
+
+class SupervisorStartError(Exception):
+    pass
+
+
+class WorkerState(enum.Enum):
+    STARTING = "starting"
+    READY = "ready"
+    UNHEALTHY = "unhealthy"
+    RESTARTING = "restarting"
+    DRAINING = "draining"
+    STOPPED = "stopped"
+
+
+@dataclass(eq=False)
+class Worker:
+    slot: WorkerSlot
+    state: WorkerState = WorkerState.STARTING
+    proc: asyncio.subprocess.Process | None = None
+    owner: str | None = None  # "<name>/<incarnation>" of the live process, from its /healthz
+    restarts: int = 0
+    started_at: float = 0.0
+    backoff_s: float = 0.0
+    last_exit: int | None = None
+    failed_checks: int = 0
+    task: asyncio.Task[None] | None = field(default=None, repr=False)
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None and self.proc.returncode is None else None
+
+    def snapshot(self) -> dict[str, object]:
+        return {
+            "index": self.slot.index,
+            "name": self.slot.name,
+            "state": self.state.value,
+            "pid": self.pid,
+            "owner": self.owner,
+            "sip": self.slot.sip_uri,
+            "control": self.slot.control_url,
+            "rtp_ports": [self.slot.rtp_port_min, self.slot.rtp_port_max],
+            "restarts": self.restarts,
+            "last_exit": self.last_exit,
+        }
+
+
+class Supervisor:
+    def __init__(self, settings: Settings, config_path: str | None) -> None:
+        self.settings = settings
+        self.config_path = config_path
+        self.pool = settings.pool
+        data_dir = Path(settings.storage.data_dir)
+        self.run_dir = data_dir / "run"
+        self.metrics_dir = self.run_dir / "metrics"
+        self.metrics = PoolMetrics()
+        self.workers = [Worker(slot) for slot in worker_slots(settings)]
+        self.owner = f"{settings.session.worker_name}.supervisor/{uuid.uuid4().hex[:12]}"
+        self.stopping = False
+        self.front: Kamailio | None = None
+        self._store_path = data_dir / STORE_FILE
+        self._store: SqliteSessionStore | None = None
+        self._http: aiohttp.ClientSession | None = None
+        self._wake = asyncio.Event()  # set when stopping: ends backoff sleeps at once
+        self._front_task: asyncio.Task[None] | None = None
+
+    # --- start ----------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self.pool.front_door:
+            door = front_door_for(
+                self.settings.sip.address,
+                self.settings.sip.port,
+                self.run_dir,
+                self.pool.probe_interval_s,
+            )
+            if not unix_socket_path_ok(door.ctl_socket):
+                raise SupervisorStartError(
+                    f"storage.data_dir is too deep for a unix socket ({door.ctl_socket})"
+                )
+            try:
+                self.front = Kamailio(
+                    self.pool.kamailio,
+                    door,
+                    [(w.slot.name, w.slot.sip_uri) for w in self.workers],
+                )
+            except FrontDoorError as exc:
+                raise SupervisorStartError(str(exc)) from exc
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        # Counters of an earlier run's processes would be summed in again: start empty.
+        shutil.rmtree(self.metrics_dir, ignore_errors=True)
+        self.metrics_dir.mkdir(parents=True)
+        # Opening the store creates or migrates it once, before the workers race to.
+        self._store = SqliteSessionStore(self._store_path)
+        self._http = aiohttp.ClientSession()
+        if self.front is not None:
+            try:
+                await self.front.start()
+            except FrontDoorError as exc:
+                await self.front.stop()
+                raise SupervisorStartError(str(exc)) from exc
+            self.metrics.front_door_up.set(1)
+            self._front_task = asyncio.create_task(self._watch_front_door(), name="front-door")
+        for worker in self.workers:
+            worker.task = asyncio.create_task(self._keep_running(worker), name=worker.slot.name)
+        self._count_states()
+        log.info(
+            "pool.started",
+            extra={
+                "workers": len(self.workers),
+                "calls_per_worker": self.pool.calls_per_worker,
+                "front_door": (
+                    f"{self.settings.sip.address}:{self.settings.sip.port}"
+                    if self.front is not None
+                    else "elsewhere"
+                ),
+            },
+        )
+
+    @property
+    def store(self) -> SessionStore:
+        assert self._store is not None
+        return self._store
+
+    # --- one worker's life ----------------------------------------------------------------------
+
+    def _set_state(self, worker: Worker, state: WorkerState) -> None:
+        if worker.state is not state:
+            worker.state = state
+            self._count_states()
+
+    def _count_states(self) -> None:
+        for state in WorkerState:
+            self.metrics.workers.labels(state.value).set(
+                sum(1 for w in self.workers if w.state is state)
+            )
+
+    async def _spawn(self, worker: Worker) -> None:
+        argv = [sys.executable, "-m", "voicegate", "worker", "--index", str(worker.slot.index)]
+        if self.config_path:
+            argv += ["--config", self.config_path]
+        env = {**os.environ, MULTIPROC_ENV: str(self.metrics_dir)}
+        worker.proc = await asyncio.create_subprocess_exec(
+            *argv, env=env, start_new_session=True, preexec_fn=die_with_parent
+        )
+        worker.started_at = time.monotonic()
+        worker.owner = None
+        worker.failed_checks = 0
+        self._set_state(worker, WorkerState.STARTING)
+        log.info(
+            "worker.started",
+            extra={"worker": worker.slot.name, "pid": worker.proc.pid, "sip": worker.slot.sip_uri},
+        )
+
+    async def _keep_running(self, worker: Worker) -> None:
+        while not self.stopping:
+            await self._spawn(worker)
+            reason = await self._watch(worker)
+            await self._reap_process(worker)
+            if self.stopping:
+                break
+            worker.restarts += 1
+            self.metrics.restarts.labels(worker.slot.name, reason).inc()
+            up_s = time.monotonic() - worker.started_at
+            if up_s >= STABLE_AFTER_S or worker.backoff_s == 0:
+                worker.backoff_s = self.pool.restart_backoff_s
+            else:
+                worker.backoff_s = min(
+                    max(worker.backoff_s * 2, self.pool.restart_backoff_s),
+                    self.pool.restart_backoff_max_s,
+                )
+            self._set_state(worker, WorkerState.RESTARTING)
+            log.warning(
+                "worker.restarting",
+                extra={
+                    "worker": worker.slot.name,
+                    "reason": reason,
+                    "exit_status": worker.last_exit,
+                    "up_s": round(up_s, 1),
+                    "backoff_s": worker.backoff_s,
+                },
+            )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=worker.backoff_s)
+        self._set_state(worker, WorkerState.STOPPED)
+
+    async def _watch(self, worker: Worker) -> str:
+        """Until the worker process is gone: its readiness, then its health. Returns why it went."""
+        assert worker.proc is not None
+        proc = worker.proc
+        exited = asyncio.ensure_future(proc.wait())
+        loop = asyncio.get_running_loop()
+        try:
+            deadline = loop.time() + self.pool.start_timeout_s
+            while not exited.done():
+                if self.stopping:
+                    await exited
+                    return "stopped"
+                if await self._probe(worker, "/readyz"):
+                    break
+                if loop.time() > deadline:
+                    log.error("worker.start_timeout", extra={"worker": worker.slot.name})
+                    await self._kill(worker, exited)
+                    return "start_timeout"
+                await asyncio.wait({exited}, timeout=_READY_POLL_S)
+            else:
+                return "exited"
+            self._set_state(worker, WorkerState.READY)
+            log.info("worker.ready", extra={"worker": worker.slot.name, "owner": worker.owner})
+            if self.front is not None:
+                await self.front.set_worker(worker.slot.sip_uri, "ap")
+            while True:
+                await asyncio.wait({exited}, timeout=self.pool.health_interval_s)
+                if exited.done():
+                    return "exited"
+                if self.stopping:
+                    await exited
+                    return "stopped"
+                if await self._probe(worker, "/healthz"):
+                    if worker.state is WorkerState.UNHEALTHY:
+                        self._set_state(worker, WorkerState.READY)
+                    worker.failed_checks = 0
+                    continue
+                worker.failed_checks += 1
+                self.metrics.health_failures.labels(worker.slot.name).inc()
+                self._set_state(worker, WorkerState.UNHEALTHY)
+                if worker.failed_checks >= self.pool.health_failures:
+                    log.error(
+                        "worker.unresponsive",
+                        extra={"worker": worker.slot.name, "failed_checks": worker.failed_checks},
+                    )
+                    await self._kill(worker, exited)
+                    return "unresponsive"
+        finally:
+            if not exited.done():
+                exited.cancel()
+
+    async def _probe(self, worker: Worker, path: str) -> bool:
+        assert self._http is not None
+        timeout = aiohttp.ClientTimeout(total=max(1.0, self.pool.health_interval_s))
+        try:
+            async with self._http.get(worker.slot.control_url + path, timeout=timeout) as resp:
+                if resp.status != 200:
+                    return False
+                body = await resp.json()
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return False
+        if path == "/healthz" and isinstance(body, dict) and isinstance(body.get("owner"), str):
+            worker.owner = body["owner"]
+        elif worker.owner is None:
+            await self._probe(worker, "/healthz")
+        return True
+
+    async def _kill(self, worker: Worker, exited: asyncio.Future[int]) -> None:
+        assert worker.proc is not None
+        with contextlib.suppress(ProcessLookupError):
+            worker.proc.kill()
+        await exited
+
+    async def _reap_process(self, worker: Worker) -> None:
+        """After a worker process ended: forget its live gauges, take it out of the front door."""
+        assert worker.proc is not None
+        pid, status = worker.proc.pid, worker.proc.returncode
+        worker.last_exit = status
+        multiprocess.mark_process_dead(pid, str(self.metrics_dir))  # type: ignore[no-untyped-call]
+        if self.front is not None and not self.stopping:
+            await self.front.set_worker(worker.slot.sip_uri, "ip")
+        level = logging.INFO if self.stopping and status == 0 else logging.WARNING
+        log.log(
+            level, "worker.exited", extra={"worker": worker.slot.name, "pid": pid, "status": status}
+        )
+
+    async def _watch_front_door(self) -> None:
+        """Kamailio is the pool's only way in: if it dies, start it again."""
+        while self.front is not None:
+            status = await self.front.wait_exit()
+            if self.stopping:
+                return
+            self.metrics.front_door_up.set(0)
+            self.metrics.front_door_restarts.inc()
+            self.metrics.fold_front_door_counters()
+            log.error("front_door.exited", extra={"status": status})
+            await asyncio.sleep(_FRONT_DOOR_RESTART_S)
+            try:
+                await self.front.start()
+            except FrontDoorError as exc:
+                log.error("front_door.restart_failed", extra={"error": str(exc)})
+                continue
+            self.metrics.front_door_up.set(1)
+            for worker in self.workers:
+                if worker.state is not WorkerState.READY:
+                    await self.front.set_worker(worker.slot.sip_uri, "ip")
+
+    # --- the control plane's view ---------------------------------------------------------------
+
+    def reap(self) -> list[str]:
+        return reap_stale(
+            self.store,
+            now=time.time(),
+            stale_after_s=self.settings.session.reap_after_s,
+            me=self.owner,
+        )
+
+    def worker_of(self, owner: str | None) -> Worker | None:
+        """The worker whose current incarnation is ``owner``, if it is still that one."""
+        if owner is None:
+            return None
+        for worker in self.workers:
+            if worker.owner == owner and worker.pid is not None:
+                return worker
+        return None
+
+    def is_live(self, session_id: str) -> bool:
+        summary = self.store.get(session_id)
+        return (
+            summary is not None
+            and summary.terminal_state is None
+            and self.worker_of(summary.owner) is not None
+        )
+
+    @property
+    def ready(self) -> bool:
+        front_ok = self.front.running if self.front is not None else not self.pool.front_door
+        return (
+            not self.stopping
+            and front_ok
+            and any(w.state is WorkerState.READY for w in self.workers)
+        )
+
+    async def refresh_front_door_counters(self) -> None:
+        if self.front is not None and self.front.running:
+            self.metrics.front_door_counters = await self.front.counters()
+
+    def http(self) -> aiohttp.ClientSession:
+        assert self._http is not None
+        return self._http
+
+    # --- stop -----------------------------------------------------------------------------------
+
+    async def drain(self, hurry: asyncio.Event) -> None:
+        """Stop sending calls in, let the workers drain and exit, then stop the front door."""
+        self.stopping = True
+        self._wake.set()
+        log.info("pool.drain", extra={"deadline_s": self.settings.sip.drain_deadline_s})
+        if self.front is not None:
+            for worker in self.workers:
+                await self.front.set_worker(worker.slot.sip_uri, "d")
+        for worker in self.workers:
+            self._signal(worker, signal.SIGTERM)
+            if worker.pid is not None:
+                self._set_state(worker, WorkerState.DRAINING)
+        tasks = [w.task for w in self.workers if w.task is not None]
+        limit = self.settings.sip.drain_deadline_s + self.settings.sip.shutdown_grace_s
+        hurried = asyncio.ensure_future(hurry.wait())
+        everyone = asyncio.ensure_future(asyncio.wait(tasks, timeout=limit + _EXIT_SLACK_S))
+        await asyncio.wait({hurried, everyone}, return_when=asyncio.FIRST_COMPLETED)
+        if hurried.done() and not everyone.done():
+            log.info("pool.drain_skipped")
+            for worker in self.workers:
+                self._signal(worker, signal.SIGTERM)  # a worker's second signal skips its drain
+        await everyone
+        hurried.cancel()
+        for worker in self.workers:
+            if worker.pid is not None:
+                log.error("worker.did_not_exit", extra={"worker": worker.slot.name})
+                self._signal(worker, signal.SIGKILL)
+        if tasks:
+            await asyncio.wait(tasks, timeout=5.0)
+        await self.close()
+
+    def _signal(self, worker: Worker, signum: int) -> None:
+        if worker.pid is not None and worker.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                worker.proc.send_signal(signum)
+
+    async def close(self) -> None:
+        self.stopping = True
+        self._wake.set()
+        for worker in self.workers:
+            self._signal(worker, signal.SIGKILL)
+            if worker.task is not None and not worker.task.done():
+                worker.task.cancel()
+        if self._front_task is not None:
+            self._front_task.cancel()
+        if self.front is not None:
+            await self.front.stop()
+            self.metrics.front_door_up.set(0)
+        if self._http is not None:
+            await self._http.close()
+        if self._store is not None:
+            self._store.close()
+        log.info("pool.stopped")
+
+
+async def supervise(settings: Settings, config_path: str | None) -> int:
+    """``voicegate serve`` with ``pool.workers > 1``: run the pool until SIGTERM, then drain."""
+    from aiohttp import web
+
+    from voicegate.pool_api import make_pool_app
+    from voicegate.signals import stop_signals
+
+    stop, hurry = stop_signals()
+    supervisor = Supervisor(settings, config_path)
+    runner = web.AppRunner(make_pool_app(supervisor), access_log=None)
+    await runner.setup()
+    try:
+        try:
+            await supervisor.start()
+            await web.TCPSite(runner, settings.http.address, settings.http.port).start()
+        except BaseException:
+            await supervisor.close()
+            raise
+        log.info(
+            "serve.started",
+            extra={
+                "sip": f"{settings.sip.address}:{settings.sip.port}",
+                "http": f"{settings.http.address}:{settings.http.port}",
+                "data_dir": str(settings.storage.data_dir),
+                "workers": settings.pool.workers,
+            },
+        )
+        await stop.wait()
+        log.info("serve.signal")
+        await supervisor.drain(hurry)
+    finally:
+        await runner.cleanup()
+    return 0
