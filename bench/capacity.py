@@ -264,10 +264,12 @@ class Pool:
 
 def measure_step(pool: Pool, calls: int, hold_s: float, work: Path, idle: dict[str, float]) -> Step:
     ramp_s = calls / 20 + 5
-    scenario = write_scenario(work, ramp_s + hold_s + 10)
+    # Callers hang up by themselves once the hold is over: a killed SIPp would leave the
+    # workers' BYEs retransmitting (and call slots held) for 32 s.
+    scenario = write_scenario(work, ramp_s + hold_s + 4)
     callers = Sipp(
         str(scenario), pool.server.sip_target, work / f"step-{calls}", calls=calls, rate=20,
-        limit=calls, timeout_s=int(ramp_s + hold_s + 60),
+        limit=calls, timeout_s=int(ramp_s + hold_s + 90),
     ).start()  # fmt: skip
     try:
         wait_for(
@@ -285,6 +287,7 @@ def measure_step(pool: Pool, calls: int, hold_s: float, work: Path, idle: dict[s
         total = cpu.percent()
         rss = sum(rss_bytes(pid) for pid in pids)
         held = sum(1 for c in pool.server.live_calls() if c["state"] == "answered")
+        callers.wait()
     finally:
         callers.kill()
     rates_in, rates_out = [], []
@@ -293,6 +296,7 @@ def measure_step(pool: Pool, calls: int, hold_s: float, work: Path, idle: dict[s
             rates_in.append((fin - frames_before[call_id][0]) / (t1 - t0))
             rates_out.append((fout - frames_before[call_id][1]) / (t1 - t0))
     wait_for(lambda: not pool.server.live_calls(), 60, "the step's calls to end")
+    time.sleep(2)
     return Step(
         calls=calls,
         held=held,
@@ -322,7 +326,13 @@ def baseline_per_call(calls: int, hold_s: float, work: Path) -> float:
             )
         )  # fmt: skip
     for proc in procs:
-        assert proc.stdout is not None and b"ready" in proc.stdout.readline()
+        assert proc.stdout is not None
+        # PJSIP logs a few lines to stdout before the log config applies.
+        for _ in range(100):
+            if b"baseline ready" in proc.stdout.readline():
+                break
+        else:
+            raise RuntimeError("a baseline process did not start")
     run_dir = work / "baseline-front"
     run_dir.mkdir(parents=True, exist_ok=True)
     port = free_port()
@@ -343,15 +353,16 @@ def baseline_per_call(calls: int, hold_s: float, work: Path) -> float:
         time.sleep(5)
         idle_cpu = idle.percent()
         ramp_s = calls / 20 + 5
-        scenario = write_scenario(work, ramp_s + hold_s + 10)
+        scenario = write_scenario(work, ramp_s + hold_s + 4)
         callers = Sipp(
             str(scenario), f"127.0.0.1:{port}", work / "baseline-calls", calls=calls, rate=20,
-            limit=calls, timeout_s=int(ramp_s + hold_s + 60),
+            limit=calls, timeout_s=int(ramp_s + hold_s + 90),
         ).start()  # fmt: skip
         time.sleep(ramp_s + 2)
         cpu = CpuWindow(pids)
         time.sleep(hold_s)
         spent = cpu.percent()
+        callers.wait()
         callers.kill()
     finally:
         front.terminate()
