@@ -262,6 +262,14 @@ class PoolSettings:
         default=1.0,
         metadata=key(float_range(0.1, 60), "Seconds between the supervisor's worker health checks"),
     )
+    health_timeout_s: float = field(
+        default=5.0,
+        metadata=key(
+            float_range(0.1, 60),
+            "How long one health check may take; generous, so that a worker slowed by a busy "
+            "machine is not killed with its calls",
+        ),
+    )
     health_failures: int = field(
         default=3,
         metadata=key(

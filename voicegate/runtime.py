@@ -246,8 +246,7 @@ class Runtime:
         loop = asyncio.get_running_loop()
         self.sip = SipEndpoint(endpoint_config(self.settings), loop, self._on_sip_event)
         await self.sip.start()
-        self._next_tick = loop.time() + TICK_S
-        self._ticker = loop.call_at(self._next_tick, self._tick)
+        self._arm_ticker()
         self._housekeeping = asyncio.create_task(self._keep_house(), name="housekeeping")
 
     async def _keep_house(self) -> None:
@@ -263,7 +262,17 @@ class Runtime:
             if beats % sweep_every == 0:
                 self.reap()
 
+    def _arm_ticker(self) -> None:
+        if self._ticker is None:
+            loop = asyncio.get_running_loop()
+            self._next_tick = loop.time() + TICK_S
+            self._ticker = loop.call_at(self._next_tick, self._tick)
+
     def _tick(self) -> None:
+        self._ticker = None
+        if not self.calls:
+            # Idle: no 20 ms wake-ups until the next call (a pool has many idle workers).
+            return
         loop = asyncio.get_running_loop()
         for call in self.calls.values():
             call.tick()
@@ -302,6 +311,7 @@ class Runtime:
     def _start_call(self, offer: ev.CallOffered) -> None:
         call = LiveCall(offer, self, self._agent_factory, self._wall)
         self.calls[call.call_id] = call
+        self._arm_ticker()
         task = asyncio.create_task(self._run_call(call), name=f"call-{call.call_id[:8]}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

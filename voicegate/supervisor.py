@@ -289,7 +289,7 @@ class Supervisor:
 
     async def _probe(self, worker: Worker, path: str) -> bool:
         assert self._http is not None
-        timeout = aiohttp.ClientTimeout(total=max(1.0, self.pool.health_interval_s))
+        timeout = aiohttp.ClientTimeout(total=self.pool.health_timeout_s)
         try:
             async with self._http.get(worker.slot.control_url + path, timeout=timeout) as resp:
                 if resp.status != 200:

@@ -50,18 +50,25 @@ def free_port(*, udp_and_tcp: bool = True) -> int:
 
 
 def free_port_block(count: int, *, udp_and_tcp: bool = True) -> int:
-    """The first of ``count`` consecutive free loopback ports (a pool's workers take one each)."""
+    """The first of ``count`` consecutive free loopback ports (a pool's workers take one each).
+
+    From below the kernel's ephemeral ports and the RTP ranges, so that no client socket of
+    another process (SIPp, the supervisor's own HTTP client) can take one between the pick and
+    the worker's bind.
+    """
     for _ in range(200):
-        first = free_port(udp_and_tcp=udp_and_tcp)
-        block = [first]
-        for port in range(first + 1, first + count):
-            if port in _used_ports or not _bindable(port, udp_and_tcp):
-                break
-            block.append(port)
-        if len(block) == count:
-            _used_ports.update(block)
-            return first
+        start = _next_block[0]
+        _next_block[0] = start + count if start + count < _BLOCK_CEILING else _BLOCK_FLOOR
+        block = range(start, start + count)
+        if any(p in _used_ports or not _bindable(p, udp_and_tcp) for p in block):
+            continue
+        _used_ports.update(block)
+        return start
     raise RuntimeError(f"no {count} consecutive free ports")
+
+
+_BLOCK_FLOOR, _BLOCK_CEILING = 6000, 11900
+_next_block = [_BLOCK_FLOOR + (os.getpid() % 50) * 100]
 
 
 def _bindable(port: int, udp_and_tcp: bool) -> bool:

@@ -29,6 +29,7 @@ def pool_env(workers: int = WORKERS, **extra: str) -> dict[str, str]:
         "VOICEGATE_POOL_WORKER_SIP_PORT": str(free_port_block(workers)),
         "VOICEGATE_POOL_WORKER_HTTP_PORT": str(free_port_block(workers, udp_and_tcp=False)),
         "VOICEGATE_POOL_HEALTH_INTERVAL_S": "0.5",
+        "VOICEGATE_POOL_HEALTH_TIMEOUT_S": "1",
         "VOICEGATE_POOL_PROBE_INTERVAL_S": "1",
         "VOICEGATE_MEDIA_RTP_PORT_MIN": str(low),
         "VOICEGATE_MEDIA_RTP_PORT_MAX": str(high),

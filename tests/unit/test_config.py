@@ -103,6 +103,7 @@ def defaults_in(cwd: Path) -> Settings:
             kamailio="kamailio",
             probe_interval_s=2,
             health_interval_s=1.0,
+            health_timeout_s=5.0,
             health_failures=3,
             start_timeout_s=30.0,
             restart_backoff_s=0.5,
