@@ -32,7 +32,7 @@ RUNTIME = web.AppKey("runtime", Runtime)
 SESSIONS = web.AppKey("sessions", SessionsView)
 
 
-def _error(status: int, message: str, **fields: object) -> web.Response:
+def json_error(status: int, message: str, **fields: object) -> web.Response:
     return web.json_response({"error": message, **fields}, status=status)
 
 
@@ -50,8 +50,10 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    runtime = request.app[RUNTIME]
-    payload = generate_latest(runtime.metrics.registry)
+    return prometheus_response(generate_latest(request.app[RUNTIME].metrics.registry))
+
+
+def prometheus_response(payload: bytes) -> web.Response:
     response = web.Response(body=payload)
     response.content_type = CONTENT_TYPE_LATEST.split(";")[0]
     response.charset = "utf-8"
@@ -69,7 +71,7 @@ async def get_call(request: web.Request) -> web.Response:
     live = runtime.calls.get(call_id)
     summary = runtime.store.get(call_id)
     if live is None and summary is None:
-        return _error(404, "no such call", call_id=call_id)
+        return json_error(404, "no such call", call_id=call_id)
     return web.json_response(
         {
             "call_id": call_id,
@@ -84,7 +86,7 @@ async def hangup_call(request: web.Request) -> web.Response:
     runtime = request.app[RUNTIME]
     call_id = request.match_info["call_id"]
     if not runtime.hang_up(call_id, "hung up by operator"):
-        return _error(404, "no such live call here", call_id=call_id)
+        return json_error(404, "no such live call here", call_id=call_id)
     return web.json_response({"call_id": call_id, "hanging_up": True}, status=202)
 
 
@@ -111,7 +113,7 @@ async def list_sessions(request: web.Request) -> web.Response:
     query = request.query
     unknown = sorted(set(query) - {"state", "terminal_state", "limit", "cursor"})
     if unknown:
-        return _error(
+        return json_error(
             400,
             f"unknown parameter {unknown[0]!r}",
             parameter=unknown[0],
@@ -119,7 +121,7 @@ async def list_sessions(request: web.Request) -> web.Response:
         )
     state = query.get("state")
     if state is not None and state not in _STATES:
-        return _error(
+        return json_error(
             400,
             f"state must be one of {', '.join(_STATES)}",
             parameter="state",
@@ -128,7 +130,7 @@ async def list_sessions(request: web.Request) -> web.Response:
         )
     terminal = query.get("terminal_state")
     if terminal is not None and terminal not in TERMINAL_STATES:
-        return _error(
+        return json_error(
             400,
             f"terminal_state must be one of {', '.join(TERMINAL_STATES)}",
             parameter="terminal_state",
@@ -137,7 +139,7 @@ async def list_sessions(request: web.Request) -> web.Response:
         )
     raw_limit = query.get("limit", "50")
     if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= MAX_LIMIT:
-        return _error(
+        return json_error(
             400,
             f"limit must be an integer from 1 to {MAX_LIMIT}",
             parameter="limit",
@@ -148,7 +150,7 @@ async def list_sessions(request: web.Request) -> web.Response:
     else:
         terminal_filter, open_only = terminal, state == "open"
     if state == "open" and terminal is not None:
-        return _error(
+        return json_error(
             400, "state=open sessions have no terminal_state", parameter="state", value=state
         )
     view.reap()  # seed 004: the reaper runs on read
@@ -160,7 +162,7 @@ async def list_sessions(request: web.Request) -> web.Response:
             cursor=query.get("cursor"),
         )
     except ValueError:
-        return _error(
+        return json_error(
             400,
             "cursor is not one this server issued",
             parameter="cursor",
@@ -178,7 +180,7 @@ async def get_session(request: web.Request) -> web.Response:
     session_id = request.match_info["session_id"]
     summary = view.store.get(session_id)
     if summary is None:
-        return _error(404, "no such session", session_id=session_id)
+        return json_error(404, "no such session", session_id=session_id)
     if summary.terminal_state is None:
         view.reap()  # seed 004: a dead process's session is finalised when it is read
     session = DurableSession.load(view.store, session_id)

@@ -13,17 +13,13 @@ import asyncio
 
 import aiohttp
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, multiprocess
+from prometheus_client import CollectorRegistry, generate_latest, multiprocess
 
-from voicegate.http_api import add_sessions_routes
+from voicegate.http_api import add_sessions_routes, json_error, prometheus_response
 from voicegate.supervisor import Supervisor, Worker, WorkerState
 
 SUPERVISOR = web.AppKey("supervisor", Supervisor)
 _WORKER_TIMEOUT = aiohttp.ClientTimeout(total=3.0)
-
-
-def _error(status: int, message: str, **fields: object) -> web.Response:
-    return web.json_response({"error": message, **fields}, status=status)
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -62,11 +58,7 @@ async def metrics(request: web.Request) -> web.Response:
     await sup.refresh_front_door_counters()
     workers = CollectorRegistry()
     multiprocess.MultiProcessCollector(workers, path=str(sup.metrics_dir))  # type: ignore[no-untyped-call]
-    payload = generate_latest(workers) + generate_latest(sup.metrics.registry)
-    response = web.Response(body=payload)
-    response.content_type = CONTENT_TYPE_LATEST.split(";")[0]
-    response.charset = "utf-8"
-    return response
+    return prometheus_response(generate_latest(workers) + generate_latest(sup.metrics.registry))
 
 
 async def _ask(
@@ -101,10 +93,10 @@ async def list_calls(request: web.Request) -> web.Response:
 def _owning_worker(sup: Supervisor, call_id: str) -> tuple[Worker | None, web.Response | None]:
     summary = sup.store.get(call_id)
     if summary is None:
-        return None, _error(404, "no such call", call_id=call_id)
+        return None, json_error(404, "no such call", call_id=call_id)
     worker = sup.worker_of(summary.owner)
     if summary.terminal_state is not None or worker is None:
-        return None, _error(
+        return None, json_error(
             409 if summary.terminal_state is None else 404,
             "the call is not live on any worker",
             call_id=call_id,
@@ -119,7 +111,7 @@ async def get_call(request: web.Request) -> web.Response:
     call_id = request.match_info["call_id"]
     summary = sup.store.get(call_id)
     if summary is None:
-        return _error(404, "no such call", call_id=call_id)
+        return json_error(404, "no such call", call_id=call_id)
     worker = sup.worker_of(summary.owner)
     live = None
     if worker is not None and summary.terminal_state is None:
@@ -145,7 +137,7 @@ async def hangup_call(request: web.Request) -> web.Response:
     assert worker is not None
     answer = await _ask(sup, worker, "POST", f"/v1/calls/{call_id}/hangup")
     if answer is None:
-        return _error(502, "the call's worker did not answer", worker=worker.slot.name)
+        return json_error(502, "the call's worker did not answer", worker=worker.slot.name)
     status, body = answer
     return web.json_response(
         {**body, "worker": worker.slot.name} if isinstance(body, dict) else body, status=status
