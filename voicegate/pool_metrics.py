@@ -41,6 +41,12 @@ class PoolMetrics:
             ["worker"],
             registry=r,
         )
+        self.sessions_reaped = Counter(
+            "voicegate_pool_sessions_reaped_total",
+            "Stale sessions the supervisor finalised when they were read (as failed, stage "
+            "process); workers count their own in voicegate_sessions_reaped_total",
+            registry=r,
+        )
         self.front_door_up = Gauge(
             "voicegate_front_door_up", "1 while Kamailio, the pool's front door, runs", registry=r
         )

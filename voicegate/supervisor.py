@@ -52,6 +52,22 @@ _EXIT_SLACK_S = 15.0
 _FRONT_DOOR_RESTART_S = 1.0
 
 
+# A worker dying again soon waits at least this long, even with a zero base backoff.
+MIN_REPEAT_BACKOFF_S = 0.1
+
+
+def next_backoff(previous_s: float | None, *, up_s: float, base_s: float, cap_s: float) -> float:
+    """Delay before restarting a worker that was up ``up_s`` and had waited ``previous_s``.
+
+    The first restart, and one after a stable run, waits ``base_s``; each quick death after that
+    doubles the wait, up to ``cap_s``. A crash loop never restarts back to back.
+    """
+    if previous_s is None or up_s >= STABLE_AFTER_S:
+        return base_s
+    floor = max(base_s, MIN_REPEAT_BACKOFF_S)
+    return min(max(previous_s * 2, floor), max(cap_s, MIN_REPEAT_BACKOFF_S))
+
+
 class SupervisorStartError(Exception):
     pass
 
@@ -214,13 +230,12 @@ class Supervisor:
             worker.restarts += 1
             self.metrics.restarts.labels(worker.slot.name, reason).inc()
             up_s = time.monotonic() - worker.started_at
-            if up_s >= STABLE_AFTER_S or worker.backoff_s == 0:
-                worker.backoff_s = self.pool.restart_backoff_s
-            else:
-                worker.backoff_s = min(
-                    max(worker.backoff_s * 2, self.pool.restart_backoff_s),
-                    self.pool.restart_backoff_max_s,
-                )
+            worker.backoff_s = next_backoff(
+                None if worker.restarts == 1 else worker.backoff_s,
+                up_s=up_s,
+                base_s=self.pool.restart_backoff_s,
+                cap_s=self.pool.restart_backoff_max_s,
+            )
             self._set_state(worker, WorkerState.RESTARTING)
             log.warning(
                 "worker.restarting",
@@ -346,12 +361,16 @@ class Supervisor:
     # --- the control plane's view ---------------------------------------------------------------
 
     def reap(self) -> list[str]:
-        return reap_stale(
+        reaped = reap_stale(
             self.store,
             now=time.time(),
             stale_after_s=self.settings.session.reap_after_s,
             me=self.owner,
         )
+        if reaped:
+            self.metrics.sessions_reaped.inc(len(reaped))
+            log.warning("sessions.reaped", extra={"count": len(reaped)})
+        return reaped
 
     def worker_of(self, owner: str | None) -> Worker | None:
         """The worker whose current incarnation is ``owner``, if it is still that one."""
