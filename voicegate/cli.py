@@ -6,22 +6,23 @@ import argparse
 import asyncio
 import dataclasses
 import logging
-import re
 import sys
 from pathlib import Path
 
 from aiohttp import web
 
 from config import ConfigError, Settings, load_settings
+from config.rules import Invalid, name_token
 from config.workers import worker_settings, worker_slots
 from telephony.endpoint import TelephonyStartError
 from voicegate.front_door import front_door_for
 from voicegate.http_api import make_app
 from voicegate.kamailio_config import render_config, render_dispatcher_list
 from voicegate.logs import setup_logging
+from voicegate.pool_api import make_pool_app
 from voicegate.runtime import Runtime
 from voicegate.signals import stop_signals
-from voicegate.supervisor import SupervisorStartError, supervise
+from voicegate.supervisor import Supervisor, SupervisorStartError
 
 log = logging.getLogger("voicegate")
 
@@ -94,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     setup_logging(settings.log.level, settings.log.format, process)
     try:
-        if args.command == "serve" and settings.pool.workers > 1:
+        if args.command == "serve" and pooled:
             return asyncio.run(supervise(settings, args.config))
         return asyncio.run(serve(settings))
     except SupervisorStartError as exc:
@@ -111,6 +112,15 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_START
 
 
+def _is_name(text: str) -> bool:
+    """A worker name as session.worker_name allows it (it becomes part of owner ids)."""
+    try:
+        name_token().check(text)
+    except Invalid:
+        return False
+    return True
+
+
 def write_front_door_config(
     settings: Settings, specs: list[str], run_dir: Path, out: Path, list_file: Path
 ) -> int:
@@ -119,7 +129,7 @@ def write_front_door_config(
         workers = []
         for spec in specs:
             name, _, uri = spec.partition("=")
-            if not re.fullmatch(r"[A-Za-z0-9._-]{1,64}", name) or not uri.startswith("sip:"):
+            if not _is_name(name) or not uri.startswith("sip:"):
                 print(f"voicegate: --worker {spec!r}: expected NAME=sip:host:port", file=sys.stderr)
                 return EXIT_CONFIG
             workers.append((name, uri))
@@ -134,6 +144,18 @@ def write_front_door_config(
     return 0
 
 
+def _log_started(settings: Settings, **extra: object) -> None:
+    log.info(
+        "serve.started",
+        extra={
+            "sip": f"{settings.sip.address}:{settings.sip.port}",
+            "http": f"{settings.http.address}:{settings.http.port}",
+            "data_dir": str(settings.storage.data_dir),
+            **extra,
+        },
+    )
+
+
 async def serve(settings: Settings) -> int:
     stop, hurry = stop_signals()
     runtime = Runtime(settings)
@@ -143,20 +165,34 @@ async def serve(settings: Settings) -> int:
         site = web.TCPSite(app_runner, settings.http.address, settings.http.port)
         await site.start()
         await runtime.start()
-        log.info(
-            "serve.started",
-            extra={
-                "sip": f"{settings.sip.address}:{settings.sip.port}",
-                "http": f"{settings.http.address}:{settings.http.port}",
-                "data_dir": str(settings.storage.data_dir),
-                "agent": settings.agent.kind,
-            },
-        )
+        _log_started(settings, agent=settings.agent.kind)
         await stop.wait()
         log.info("serve.signal")
     finally:
         await runtime.shutdown(drain_s=settings.sip.drain_deadline_s, skip_drain=hurry)
         await app_runner.cleanup()
+    return 0
+
+
+async def supervise(settings: Settings, config_path: str | None) -> int:
+    """``serve`` with ``pool.workers > 1``: run the pool until SIGTERM, then drain it."""
+    stop, hurry = stop_signals()
+    supervisor = Supervisor(settings, config_path)
+    runner = web.AppRunner(make_pool_app(supervisor), access_log=None)
+    await runner.setup()
+    try:
+        try:
+            await supervisor.start()
+            await web.TCPSite(runner, settings.http.address, settings.http.port).start()
+        except BaseException:
+            await supervisor.close()
+            raise
+        _log_started(settings, workers=settings.pool.workers)
+        await stop.wait()
+        log.info("serve.signal")
+        await supervisor.drain(hurry)
+    finally:
+        await runner.cleanup()
     return 0
 
 

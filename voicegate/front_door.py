@@ -15,7 +15,6 @@ import os
 import re
 import shutil
 import signal
-from dataclasses import replace
 from pathlib import Path
 
 from voicegate.kamailio_config import (
@@ -105,6 +104,9 @@ class Kamailio:
             "64",
             "-M",
             "8",
+            # Its own session, like the workers': a Ctrl-C meant for the supervisor must not
+            # stop Kamailio while drained calls still send their BYEs through it.
+            start_new_session=True,
             preexec_fn=die_with_parent,
         )
         self._exited = asyncio.create_task(self._proc.wait(), name="kamailio")
@@ -175,14 +177,12 @@ class Kamailio:
 
 
 def front_door_for(address: str, port: int, run_dir: Path, probe_interval_s: int) -> FrontDoor:
-    return replace(
-        FrontDoor(
-            address=address,
-            port=port,
-            ctl_socket=run_dir / "kamailio-ctl.sock",
-            dispatcher_list=run_dir / "dispatcher.list",
-            runtime_dir=run_dir,
-        ),
+    return FrontDoor(
+        address=address,
+        port=port,
+        ctl_socket=run_dir / "kamailio-ctl.sock",
+        dispatcher_list=run_dir / "dispatcher.list",
+        runtime_dir=run_dir,
         probe_interval_s=probe_interval_s,
     )
 

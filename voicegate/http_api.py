@@ -45,7 +45,12 @@ async def readyz(request: web.Request) -> web.Response:
     runtime = request.app[RUNTIME]
     sip_up = runtime.sip_ready and runtime.sip is not None and runtime.sip.running
     ready = sip_up and not runtime.draining
-    body = {"ready": ready, "sip_transports_up": sip_up, "draining": runtime.draining}
+    body = {
+        "ready": ready,
+        "sip_transports_up": sip_up,
+        "draining": runtime.draining,
+        "owner": runtime.owner,
+    }
     return web.json_response(body, status=200 if ready else 503)
 
 

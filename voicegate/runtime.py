@@ -109,7 +109,6 @@ class Runtime:
         self.sip: SipEndpoint | None = None
         self.sip_ready = False
         self.draining = False
-        self._shutting_down = False
         self._ticker: asyncio.TimerHandle | None = None
         self._housekeeping: asyncio.Task[None] | None = None
         self._next_tick = 0.0
@@ -344,13 +343,6 @@ class Runtime:
     def live_calls(self) -> list[dict[str, object]]:
         return [call.snapshot() for call in self.calls.values()]
 
-    def start_drain(self) -> None:
-        """Refuse new calls (503, so a front door tries elsewhere) and report not ready."""
-        if not self.draining:
-            self.draining = True
-            self.submit(ev.Drain())
-            log.info("drain.begin", extra={"live_calls": len(self.calls)})
-
     async def shutdown(
         self, *, drain_s: float = 0.0, skip_drain: asyncio.Event | None = None
     ) -> None:
@@ -361,10 +353,12 @@ class Runtime:
         Every live call ends with a recorded terminal state: its own, or ``canceled`` (reason
         "server shutting down") within ``drain_s`` plus ``sip.shutdown_grace_s`` plus a few seconds.
         """
-        if self._shutting_down:
+        if self.draining:
             return
-        self._shutting_down = True
-        self.start_drain()
+        # New calls get 503 (a front door tries elsewhere) and /readyz turns 503.
+        self.draining = True
+        self.submit(ev.Drain())
+        log.info("drain.begin", extra={"live_calls": len(self.calls)})
         if self.calls and drain_s > 0:
             waits: list[asyncio.Future[object]] = [
                 asyncio.ensure_future(self._wait_calls_done(drain_s))

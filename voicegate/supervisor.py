@@ -89,7 +89,7 @@ class Worker:
     owner: str | None = None  # "<name>/<incarnation>" of the live process, from its /healthz
     restarts: int = 0
     started_at: float = 0.0
-    backoff_s: float = 0.0
+    backoff_s: float | None = None  # the last restart's wait; None before the first
     last_exit: int | None = None
     failed_checks: int = 0
     task: asyncio.Task[None] | None = field(default=None, repr=False)
@@ -231,7 +231,7 @@ class Supervisor:
             self.metrics.restarts.labels(worker.slot.name, reason).inc()
             up_s = time.monotonic() - worker.started_at
             worker.backoff_s = next_backoff(
-                None if worker.restarts == 1 else worker.backoff_s,
+                worker.backoff_s,
                 up_s=up_s,
                 base_s=self.pool.restart_backoff_s,
                 cap_s=self.pool.restart_backoff_max_s,
@@ -312,10 +312,9 @@ class Supervisor:
                 body = await resp.json()
         except (aiohttp.ClientError, TimeoutError, ValueError):
             return False
-        if path == "/healthz" and isinstance(body, dict) and isinstance(body.get("owner"), str):
+        # Both answers name the incarnation: how the supervisor tells a new one from the last.
+        if isinstance(body, dict) and isinstance(body.get("owner"), str):
             worker.owner = body["owner"]
-        elif worker.owner is None:
-            await self._probe(worker, "/healthz")
         return True
 
     async def _kill(self, worker: Worker, exited: asyncio.Future[int]) -> None:
@@ -461,38 +460,3 @@ class Supervisor:
         if self._store is not None:
             self._store.close()
         log.info("pool.stopped")
-
-
-async def supervise(settings: Settings, config_path: str | None) -> int:
-    """``voicegate serve`` with ``pool.workers > 1``: run the pool until SIGTERM, then drain."""
-    from aiohttp import web
-
-    from voicegate.pool_api import make_pool_app
-    from voicegate.signals import stop_signals
-
-    stop, hurry = stop_signals()
-    supervisor = Supervisor(settings, config_path)
-    runner = web.AppRunner(make_pool_app(supervisor), access_log=None)
-    await runner.setup()
-    try:
-        try:
-            await supervisor.start()
-            await web.TCPSite(runner, settings.http.address, settings.http.port).start()
-        except BaseException:
-            await supervisor.close()
-            raise
-        log.info(
-            "serve.started",
-            extra={
-                "sip": f"{settings.sip.address}:{settings.sip.port}",
-                "http": f"{settings.http.address}:{settings.http.port}",
-                "data_dir": str(settings.storage.data_dir),
-                "workers": settings.pool.workers,
-            },
-        )
-        await stop.wait()
-        log.info("serve.signal")
-        await supervisor.drain(hurry)
-    finally:
-        await runner.cleanup()
-    return 0
