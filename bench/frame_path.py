@@ -27,7 +27,16 @@ sys.path.insert(0, str(ROOT))
 
 import pjsua2 as pj  # noqa: E402
 
-from telephony.frame_copy import fast_read, fast_write, slow_read, slow_write  # noqa: E402
+from telephony.frame_copy import (  # noqa: E402
+    fast_read,
+    fast_read_frame,
+    fast_write,
+    fast_write_frame,
+    slow_read,
+    slow_read_frame,
+    slow_write,
+    slow_write_frame,
+)
 from telephony.media_bridge import MediaChannel, frame_bytes  # noqa: E402
 from tests.integration.harness import Server, Sipp, wait_for  # noqa: E402
 
@@ -44,11 +53,20 @@ def micro(rate: int) -> None:
     vec = pj.ByteVector(pcm)
     target = pj.ByteVector()
     channel = MediaChannel(rate, inbound_frames=1 << 20)
+    incoming = pj.MediaFrame()
+    incoming.type = pj.PJMEDIA_FRAME_TYPE_AUDIO
+    incoming.buf = vec
+    incoming.size = size
+    requested = pj.MediaFrame()
     rows = [
         ("read  naive bytes(vec)", lambda: slow_read(vec), 2000),
         ("read  fast pointer copy", lambda: fast_read(vec), 100_000),
         ("write naive slice assignment", lambda: slow_write(target, pcm), 5000),
         ("write fast memmove", lambda: fast_write(target, pcm), 100_000),
+        ("frame in, SWIG attributes", lambda: slow_read_frame(incoming), 2000),
+        ("frame in, through the layout", lambda: fast_read_frame(incoming), 100_000),
+        ("frame out, SWIG attributes", lambda: slow_write_frame(requested, pcm), 5000),
+        ("frame out, through the layout", lambda: fast_write_frame(requested, pcm), 100_000),
         ("ring push (media thread, in)", lambda: channel.push_inbound(pcm), 100_000),
         ("playout pull (media thread, out)", channel.playout.pull, 100_000),
     ]

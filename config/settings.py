@@ -158,6 +158,15 @@ class AudioSettings:
         default=16000,
         metadata=key(int_choice(8000, 16000), "Sample rate of the audio agents receive, in Hz"),
     )
+    tick_ms: int = field(
+        default=40,
+        metadata=key(
+            int_choice(20, 40, 60),
+            "How often each call's caller audio is taken through VAD and barge-in to the agent, "
+            "in ms. Each tick takes every 20 ms frame waiting: a longer tick costs less CPU "
+            "(a wake-up per tick per process) and adds up to one tick to barge-in latency",
+        ),
+    )
     vad_aggressiveness: int = field(
         default=2,
         metadata=key(

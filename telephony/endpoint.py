@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import queue
 import threading
 import time
@@ -29,10 +30,15 @@ from telephony.frame_copy import Copier, select_copier
 from telephony.media_bridge import MediaBridge, MediaChannel
 from telephony.media_health import MediaHealth
 from telephony.sip_message import mask_uri, request_user, via_transport
+from telephony.sip_wake import SipWaker
+from telephony.thread_state import ThreadStatePins
 
 log = logging.getLogger("voicegate.sip")
 
 _POLL_MS = 10
+# With nothing due, the SIP thread blocks this long at most: SIP traffic and SipWaker's keep-alive
+# wake it sooner. The bound only matters if a wake-up is lost.
+_IDLE_WAIT_MS = 1000
 # Media ports of ended calls are kept this long after DISCONNECTED: the media clock thread may
 # still call them back during the current tick (notes: "Lifetimes and the GIL").
 _GRAVEYARD_S = 2.0
@@ -152,11 +158,13 @@ class SipEndpoint:
         self.config = config
         self._loop = loop
         self._on_event = on_event
+        self.thread_states = ThreadStatePins()
         self._commands: queue.SimpleQueue[ev.SipCommand | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="sip", daemon=True)
         self._ready = threading.Event()
         self._start_error: str | None = None
         self._stop = threading.Event()
+        self._waker = SipWaker(config.sip_address, config.sip_port)
         self.admission = Admission(
             max_calls=config.max_calls, rate=config.max_setup_rate, numbers=config.numbers
         )
@@ -187,14 +195,17 @@ class SipEndpoint:
             raise TelephonyStartError(self._start_error)
 
     def submit(self, command: ev.SipCommand) -> None:
-        """Queue a command for the SIP thread; it runs within one poll (about 10 ms)."""
+        """Queue a command for the SIP thread and wake it (telephony.sip_wake)."""
         self._commands.put(command)
+        self._waker.wake()
 
     async def stop(self, within_s: float = 10.0) -> None:
         """Hang up whatever is left, destroy the library and join the thread."""
         self._stop.set()
         self._commands.put(None)
+        self._waker.wake()
         await asyncio.to_thread(self._thread.join, within_s)
+        self._waker.close()
 
     @property
     def running(self) -> bool:
@@ -231,13 +242,24 @@ class SipEndpoint:
         assert self._ep is not None
         next_health = time.monotonic()
         while not self._stop.is_set():
-            self._ep.libHandleEvents(_POLL_MS)
+            self._ep.libHandleEvents(self._wait_ms(time.monotonic(), next_health))
             self._run_commands()
             now = time.monotonic()
             self._release_due(now)
             if now >= next_health:
                 next_health = now + self.config.health_poll_s
                 self._poll_media_health(now)
+
+    def _wait_ms(self, now: float, next_health: float) -> int:
+        """How long the SIP thread may block: until the next thing of its own falls due."""
+        due = now + _IDLE_WAIT_MS / 1000
+        if self._calls:
+            due = min(due, next_health)
+        if self._held:
+            due = min(due, min(item[0] for item in self._held))
+        if self._graveyard:
+            due = min(due, self._graveyard[0][0])
+        return max(1, math.ceil((due - now) * 1000 - 1e-6))
 
     def _poll_media_health(self, now: float) -> None:
         """Read each call's received-packet counter; report gaps, returns and holds."""
@@ -480,7 +502,9 @@ class SipEndpoint:
             port.attach(channel)
             return port
         assert self._copier is not None
-        port = MediaBridge(f"vg-{len(self._all_ports)}-{rate}", channel, self._copier)
+        port = MediaBridge(
+            f"vg-{len(self._all_ports)}-{rate}", channel, self._copier, self.thread_states
+        )
         port.create()
         self._all_ports.append(port)
         return port
@@ -513,10 +537,12 @@ class SipEndpoint:
             # a=sendonly / inactive from the caller: a hold, not a failure (media_health).
             call.held = media.status == pj.PJSUA_CALL_MEDIA_REMOTE_HOLD
             audio = call.getAudioMedia(media.index)
-            if call.bridge is not None and call.bridge.rate != rate:
-                self._detach_media(call)
             if call.bridge is None:
-                call.bridge = self._borrow_port(rate)
+                # The port runs at the bridge's own rate, whatever the codec: the bridge then
+                # converts the stream once each way, as it must anyway. A port at the codec's
+                # rate (8 kHz for G.711 on a 16 kHz bridge) made it convert twice more per call
+                # and tick, the costliest thing on the clock thread (perf, bench/capacity.py).
+                call.bridge = self._borrow_port(self.config.clock_rate)
             # The call's AudioMedia can change on every media update (notes, "Media health"):
             # reconnect each time.
             call.audio = audio

@@ -55,11 +55,15 @@ class CallAnswered:
 
 @dataclass(frozen=True, slots=True)
 class MediaReady:
-    """Audio flows through ``channel`` at ``rate``; sent again after every media change."""
+    """Audio flows through ``channel``; sent again after every media change.
+
+    ``codec_rate`` is the codec's clock rate on the wire; the channel runs at the conference
+    bridge's rate (``media.clock_rate``), so PJSIP converts between the two once, in C.
+    """
 
     call_id: str
     codec: str
-    rate: int
+    codec_rate: int
     channel: MediaChannel
 
 

@@ -5,9 +5,15 @@ SWIG's own conversions (``bytes(frame.buf)``) walk the vector element by element
 "Frame buffers"). The fast path reads the ``std::vector``'s begin/end pointers through ctypes and
 copies the bytes in one ``memmove``: under 1 us.
 
-That relies on the libstdc++ layout of ``std::vector`` (three pointers, begin first), so the fast
-path is verified against the slow one at start-up (:func:`select_copier`) and the slow one is used
-if they ever disagree.
+The media port's callbacks go one step further and read and write the ``pj::MediaFrame`` itself
+through its layout (``type``, then the ``buf`` vector, then ``size``): SWIG's attribute access
+builds a proxy object per field, and ``frame.buf`` alone costs more than the copy (measured here:
+reading a frame 5.9 us through the attributes, 2.0 us through the layout; writing 10.2 us and
+4.5 us).
+
+That relies on the libstdc++ layout of ``std::vector`` (three pointers, begin first) and on
+``MediaFrame``'s, so the fast path is verified against the slow one at start-up
+(:func:`select_copier`) and the slow one is used if they ever disagree.
 """
 
 from __future__ import annotations
@@ -16,7 +22,21 @@ import ctypes
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import pjsua2 as pj
+
 _Span = ctypes.c_size_t * 2
+AUDIO = pj.PJMEDIA_FRAME_TYPE_AUDIO
+
+
+class _MediaFrame(ctypes.Structure):
+    # pj::MediaFrame: pjmedia_frame_type type; ByteVector buf; unsigned size.
+    _fields_ = (
+        ("type", ctypes.c_int),
+        ("begin", ctypes.c_size_t),
+        ("end", ctypes.c_size_t),
+        ("capacity_end", ctypes.c_size_t),
+        ("size", ctypes.c_uint),
+    )
 
 
 def _span(vector: Any) -> tuple[int, int]:
@@ -39,6 +59,37 @@ def fast_write(vector: Any, data: bytes) -> None:
     ctypes.memmove(begin, data, n)
 
 
+def fast_read_frame(frame: Any) -> bytes | None:
+    """The audio of an incoming ``MediaFrame``, or None when it carries none."""
+    view = _MediaFrame.from_address(int(frame.this))
+    if view.type != AUDIO:
+        return None
+    return ctypes.string_at(view.begin, view.end - view.begin)
+
+
+def fast_write_frame(frame: Any, data: bytes) -> None:
+    """Fill the ``MediaFrame`` PJSIP asks for with ``data`` (it arrives with an empty buffer)."""
+    n = len(data)
+    view = _MediaFrame.from_address(int(frame.this))
+    if view.end - view.begin != n:
+        frame.buf.resize(n)
+    ctypes.memmove(view.begin, data, n)
+    view.type = AUDIO
+    view.size = n
+
+
+def slow_read_frame(frame: Any) -> bytes | None:
+    if frame.type != AUDIO:
+        return None
+    return bytes(frame.buf)
+
+
+def slow_write_frame(frame: Any, data: bytes) -> None:
+    frame.type = AUDIO
+    slow_write(frame.buf, data)
+    frame.size = len(data)
+
+
 def slow_read(vector: Any) -> bytes:
     return bytes(vector)
 
@@ -48,34 +99,37 @@ def slow_write(vector: Any, data: bytes) -> None:
     vector[0 : vector.size()] = data
 
 
-class Reader(Protocol):
-    def __call__(self, vector: Any) -> bytes: ...
+class FrameReader(Protocol):
+    def __call__(self, frame: Any) -> bytes | None: ...
 
 
-class Writer(Protocol):
-    def __call__(self, vector: Any, data: bytes) -> None: ...
+class FrameWriter(Protocol):
+    def __call__(self, frame: Any, data: bytes) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
 class Copier:
-    """The pair of copy functions the media bridge uses; ``fast`` says which pair it is."""
+    """The pair of frame copy functions the media bridge uses; ``fast`` says which pair."""
 
-    read: Reader
-    write: Writer
+    read_frame: FrameReader
+    write_frame: FrameWriter
     fast: bool
 
 
-FAST = Copier(fast_read, fast_write, fast=True)
-SLOW = Copier(slow_read, slow_write, fast=False)
+FAST = Copier(fast_read_frame, fast_write_frame, fast=True)
+SLOW = Copier(slow_read_frame, slow_write_frame, fast=False)
 
 
-def verify_fast_copy(vector_factory: Any) -> bool:
-    """Check the fast copy against SWIG's slow path on real ``ByteVector`` objects.
+def verify_fast_copy(vector_factory: Any, frame_factory: Any = pj.MediaFrame) -> bool:
+    """Check the fast copy against SWIG's slow path on real ``ByteVector`` and ``MediaFrame``s.
 
     ``vector_factory`` is ``pjsua2.ByteVector``. Covers the sizes a frame can have (0, an odd size,
-    20 ms at 8/16/48 kHz) and a write that has to grow and then shrink the vector.
+    20 ms at 8/16/48 kHz), a write that has to grow and then shrink the vector, and frames with
+    and without audio.
     """
     try:
+        if not _verify_frames(vector_factory, frame_factory):
+            return False
         for size in (0, 1, 7, 320, 640, 1920):
             pattern = bytes((i * 37 + size) & 0xFF for i in range(size))
             vec = vector_factory(pattern) if size else vector_factory()
@@ -90,6 +144,27 @@ def verify_fast_copy(vector_factory: Any) -> bool:
                 return False
     except (ValueError, TypeError, AttributeError, OSError):
         return False
+    return True
+
+
+def _verify_frames(vector_factory: Any, frame_factory: Any) -> bool:
+    for size in (0, 7, 320, 640, 1920):
+        pattern = bytes((i * 29 + size) & 0xFF for i in range(size))
+        incoming = frame_factory()
+        incoming.type = AUDIO
+        incoming.buf = vector_factory(pattern) if size else vector_factory()
+        incoming.size = size
+        if fast_read_frame(incoming) != pattern or slow_read_frame(incoming) != pattern:
+            return False
+        incoming.type = pj.PJMEDIA_FRAME_TYPE_NONE
+        if fast_read_frame(incoming) is not None:
+            return False
+        # As PJSIP hands it over to be filled: no type, an empty buffer, a size asked for.
+        requested = frame_factory()
+        requested.size = 640
+        fast_write_frame(requested, pattern)
+        if (requested.type, bytes(requested.buf), requested.size) != (AUDIO, pattern, size):
+            return False
     return True
 
 

@@ -15,6 +15,7 @@ import pjsua2 as pj
 
 from audio.playout import Playout
 from telephony.frame_copy import Copier
+from telephony.thread_state import ThreadStatePins
 
 FRAME_MS = 20
 
@@ -66,12 +67,16 @@ class MediaBridge(pj.AudioMediaPort):  # type: ignore[misc]
     SIGSEGV seen at shutdown). :meth:`attach` swaps in the next call's channel instead.
     """
 
-    def __init__(self, name: str, channel: MediaChannel, copier: Copier) -> None:
+    def __init__(
+        self, name: str, channel: MediaChannel, copier: Copier, pins: ThreadStatePins
+    ) -> None:
         super().__init__()
         self.name = name
+        self._pins = pins
+        self._here = pins.here
         self.rate = channel.rate
-        self._read = copier.read
-        self._write = copier.write
+        self._read_frame = copier.read_frame
+        self._write_frame = copier.write_frame
         self.attach(channel)
 
     def attach(self, channel: MediaChannel) -> None:
@@ -89,11 +94,11 @@ class MediaBridge(pj.AudioMediaPort):  # type: ignore[misc]
     # --- media clock thread -------------------------------------------------------------------
 
     def onFrameReceived(self, frame: Any) -> None:
-        if frame.type == pj.PJMEDIA_FRAME_TYPE_AUDIO:
-            self._push(self._read(frame.buf))
+        data = self._read_frame(frame)
+        if data is not None:
+            self._push(data)
 
     def onFrameRequested(self, frame: Any) -> None:
-        data = self._pull()
-        frame.type = pj.PJMEDIA_FRAME_TYPE_AUDIO
-        self._write(frame.buf, data)
-        frame.size = len(data)
+        if not self._here.pinned:
+            self._pins.pin()  # once per clock thread (telephony.thread_state)
+        self._write_frame(frame, self._pull())

@@ -1,6 +1,6 @@
 """One live call: the task that owns it, its durable session, and the agent's :class:`CallControl`.
 
-Everything that happens to a call (SIP events, 20 ms ticks, timers, the agent's requests) goes
+Everything that happens to a call (SIP events, media ticks, timers, the agent's requests) goes
 through this one task, in order (STYLE.md habit 5). Each becomes a session event: the session
 machine decides, the store makes the step durable, and only then does this module carry out the
 effects (clear playout, say a prompt, hang up, arm a timer).
@@ -44,7 +44,7 @@ MAX_HANGUP_WAIT_S = 30.0
 
 
 class _Tick:
-    """20 ms have passed: drain caller audio, notice drained playout."""
+    """A media tick (``audio.tick_ms``): drain caller audio, notice drained playout."""
 
 
 TICK = _Tick()
@@ -117,6 +117,7 @@ class LiveCall:
         self.started_at = wall_clock()
         self.answered_at: float | None = None
         self.codec = ""
+        self.codec_rate: int | None = None
         self.channel: MediaChannel | None = None
         self.agent: Agent | None = None
         self.session: DurableSession | None = None
@@ -162,6 +163,7 @@ class LiveCall:
             "called_user": self.offer.called_user,
             "transport": self.offer.transport,
             "codec": self.codec,
+            "codec_rate": self.codec_rate,
             "media": self.media_health,
             "rate": self.channel.rate if self.channel else None,
             # Frames the media port moved: 50 a second each way while the media clock keeps up.
@@ -520,8 +522,9 @@ class LiveCall:
                     self._try(sev.RecoveryRetryDue(gen, attempt))
                 else:
                     self._try(sev.DeadlineFired(name, gen))
-            case ev.MediaReady(codec=codec, channel=channel):
+            case ev.MediaReady(codec=codec, codec_rate=codec_rate, channel=channel):
                 self.codec = codec
+                self.codec_rate = codec_rate
                 self.channel = channel
                 # A new media channel (a re-INVITE changed the codec) starts at generation 0:
                 # bring it to the session's, so nothing older can be admitted.
@@ -530,7 +533,12 @@ class LiveCall:
                     channel.playout.interrupt(state.playback_generation)
                 log.info(
                     "call.media",
-                    extra={"call_id": self.call_id, "codec": codec, "rate": channel.rate},
+                    extra={
+                        "call_id": self.call_id,
+                        "codec": codec,
+                        "codec_rate": codec_rate,
+                        "rate": channel.rate,
+                    },
                 )
                 await self._maybe_start_agent()
             case ev.CallAnswered():

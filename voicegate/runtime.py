@@ -1,8 +1,8 @@
 """The composition root of one serving process: SIP thread, live calls, store, metrics.
 
 The runtime routes what the SIP thread reports to the call it concerns, ticks every live call every
-20 ms, and runs the staged shutdown. It holds no business logic: a call's outcome is decided by its
-:class:`~voicegate.live_call.LiveCall`.
+``audio.tick_ms``, and runs the staged shutdown. It holds no business logic: a call's outcome is
+decided by its :class:`~voicegate.live_call.LiveCall`.
 """
 
 from __future__ import annotations
@@ -43,7 +43,6 @@ from voicegate.tool_client import ToolClient
 
 log = logging.getLogger("voicegate.runtime")
 
-TICK_S = 0.020
 # After the grace period, calls still up get a BYE without waiting for their prompt; this is how
 # long the runtime then waits for PJSIP to confirm them gone.
 _FORCED_END_WAIT_S = 3.0
@@ -112,6 +111,7 @@ class Runtime:
         self._ticker: asyncio.TimerHandle | None = None
         self._housekeeping: asyncio.Task[None] | None = None
         self._next_tick = 0.0
+        self._tick_s = settings.audio.tick_ms / 1000
 
     # --- CallServices ---------------------------------------------------------------------------
 
@@ -264,23 +264,23 @@ class Runtime:
     def _arm_ticker(self) -> None:
         if self._ticker is None:
             loop = asyncio.get_running_loop()
-            self._next_tick = loop.time() + TICK_S
+            self._next_tick = loop.time() + self._tick_s
             self._ticker = loop.call_at(self._next_tick, self._tick)
 
     def _tick(self) -> None:
         self._ticker = None
         if not self.calls:
-            # Idle: no 20 ms wake-ups until the next call (a pool has many idle workers).
+            # Idle: no wake-ups until the next call (a pool has many idle workers).
             return
         loop = asyncio.get_running_loop()
         for call in self.calls.values():
             call.tick()
-        # Re-arm on the fixed 20 ms grid; if the loop stalled, skip the missed ticks rather than
+        # Re-arm on the fixed grid; if the loop stalled, skip the missed ticks rather than
         # firing them in a burst (the inbound ring holds the audio meanwhile).
-        self._next_tick += TICK_S
+        self._next_tick += self._tick_s
         now = loop.time()
         if self._next_tick < now:
-            self._next_tick = now + TICK_S
+            self._next_tick = now + self._tick_s
         self._ticker = loop.call_at(self._next_tick, self._tick)
 
     def _on_sip_event(self, event: ev.SipEvent) -> None:

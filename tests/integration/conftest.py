@@ -6,14 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.harness import Server
+from tests.integration.harness import Server, ServerFactory
 
 if shutil.which("sipp") is None:  # pragma: no cover - CI installs it
     raise pytest.UsageError("integration tests need SIPp: apt-get install sip-tester")
 
 
 @pytest.fixture
-def server_factory(tmp_path: Path) -> Iterator[object]:
+def server_factory(tmp_path: Path) -> Iterator[ServerFactory]:
     """Start servers on free ports; every one still running is stopped (SIGTERM) at teardown."""
     started: list[Server] = []
 
@@ -34,8 +34,8 @@ def server_factory(tmp_path: Path) -> Iterator[object]:
 
 
 @pytest.fixture
-def server(server_factory) -> Server:  # type: ignore[no-untyped-def]
-    return server_factory()  # type: ignore[no-any-return]
+def server(server_factory: ServerFactory) -> Server:
+    return server_factory()
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -95,7 +95,9 @@ def rtp_range(size: int = 40) -> tuple[int, int]:
     return base, base + size - 1
 
 
-def wait_for(condition: Callable[[], T], timeout: float, what: str, interval: float = 0.05) -> T:
+def wait_for(
+    condition: Callable[[], T | None], timeout: float, what: str, interval: float = 0.05
+) -> T:
     """Poll ``condition`` until it returns something truthy, at most ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while True:
@@ -271,6 +273,10 @@ class Server:
             self.process.kill()
             self.process.wait(timeout=10)
             raise AssertionError(f"server did not exit on SIGTERM:\n{self.log()[-3000:]}") from None
+
+
+# What the ``server_factory`` fixture gives a test: start a server with env overrides.
+ServerFactory = Callable[..., Server]
 
 
 @dataclass

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.harness import Server, Sipp, wait_for
+from tests.integration.harness import Server, ServerFactory, Sipp, wait_for
 
 
 def _one_session(server: Server) -> dict[str, Any]:
@@ -32,7 +32,8 @@ def test_speech_and_dtmf_call_is_answered_listed_and_recorded(
         lambda: [c for c in server.live_calls() if c["state"] == "answered"], 10, "a live call"
     )
     assert live[0]["codec"] == "PCMA"
-    assert live[0]["rate"] == 8000
+    assert live[0]["codec_rate"] == 8000
+    assert live[0]["rate"] == 16000  # the bridge's rate: PJSIP converts once, in C
     assert live[0]["transport"] == ("udp" if transport == "u1" else "tcp")
     # The caller's number is masked in the API (STYLE.md habit 10), the called user is not.
     assert live[0]["called_user"] == "service"
@@ -68,7 +69,9 @@ def test_speech_and_dtmf_call_is_answered_listed_and_recorded(
     assert '"digits"' not in server.log()
 
 
-def test_caller_cancel_before_answer_is_recorded_canceled(server_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_caller_cancel_before_answer_is_recorded_canceled(
+    server_factory: ServerFactory, tmp_path: Path
+) -> None:
     server = server_factory(VOICEGATE_SIP_ANSWER_AFTER_S="3")
     sipp = Sipp("uac-cancel-before-answer.xml", server.sip_target, tmp_path)
     assert sipp.run() == 0, sipp.errors()
@@ -94,12 +97,13 @@ def test_g722_call_runs_at_16_khz(server: Server, tmp_path: Path) -> None:
         lambda: [c for c in server.live_calls() if c["state"] == "answered"], 10, "a live call"
     )
     assert live[0]["codec"] == "G722"
+    assert live[0]["codec_rate"] == 16000
     assert live[0]["rate"] == 16000
     assert sipp.wait() == 0, sipp.errors()
     assert _one_session(server)["ended"]["terminal_state"] == "completed"
 
 
-def test_session_survives_a_restart(server_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_session_survives_a_restart(server_factory: ServerFactory, tmp_path: Path) -> None:
     server = server_factory()
     assert Sipp("uac-server-hangup.xml", server.sip_target, tmp_path).run() == 0
     before = _one_session(server)
@@ -155,8 +159,8 @@ def test_health_and_readiness(server: Server) -> None:
 
 
 def test_max_duration_deadline_ends_the_call_timed_out_with_a_notice(
-    server_factory,
-    tmp_path: Path,  # type: ignore[no-untyped-def]
+    server_factory: ServerFactory,
+    tmp_path: Path,
 ) -> None:
     server = server_factory(VOICEGATE_SESSION_MAX_DURATION_S="3")
     sipp = Sipp("uac-wait-for-bye.xml", server.sip_target, tmp_path, timeout_s=40)
@@ -178,7 +182,9 @@ def test_max_duration_deadline_ends_the_call_timed_out_with_a_notice(
     assert server.metric("voicegate_calls_total", outcome="timed_out") == 1
 
 
-def test_no_input_asks_once_then_ends_timed_out(server_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_no_input_asks_once_then_ends_timed_out(
+    server_factory: ServerFactory, tmp_path: Path
+) -> None:
     server = server_factory(
         VOICEGATE_SESSION_NO_INPUT_S="3", VOICEGATE_SESSION_NO_INPUT_GRACE_S="2"
     )

@@ -7,12 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.integration.harness import Server, Sipp, free_port, wait_for
+from tests.integration.harness import Server, ServerFactory, Sipp, free_port, wait_for
 
 
 def test_calls_beyond_the_ceiling_are_refused_with_486_and_counted(
-    server_factory,
-    tmp_path: Path,  # type: ignore[no-untyped-def]
+    server_factory: ServerFactory,
+    tmp_path: Path,
 ) -> None:
     server = server_factory(VOICEGATE_POOL_CALLS_PER_WORKER="2")
     holders = Sipp(
@@ -73,8 +73,8 @@ def test_sigterm_refuses_new_calls_ends_live_ones_and_exits_0(
 
 
 def test_sigterm_drains_live_calls_before_the_deadline_and_refuses_new_ones(
-    server_factory,
-    tmp_path: Path,  # type: ignore[no-untyped-def]
+    server_factory: ServerFactory,
+    tmp_path: Path,
 ) -> None:
     server = server_factory(VOICEGATE_SIP_DRAIN_DEADLINE_S="60")
     live = Sipp("uac-speech-dtmf.xml", server.sip_target, tmp_path / "live").start()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tests.integration.harness import Server, Sipp, wait_for
+from tests.integration.harness import Server, ServerFactory, Sipp, wait_for
 
 PRODUCT_GAP = {"VOICEGATE_MEDIA_GAP_THRESHOLD_S": "1"}
 
@@ -25,7 +25,9 @@ def _effects(session: dict[str, Any], event_type: str) -> list[dict[str, Any]]:
     return [x for e in session["events"] if e["type"] == event_type for x in e["effects"]]
 
 
-def test_a_5_s_gap_recovers_with_the_dialog_intact(server_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_a_5_s_gap_recovers_with_the_dialog_intact(
+    server_factory: ServerFactory, tmp_path: Path
+) -> None:
     server = server_factory(**PRODUCT_GAP)
     sipp = Sipp("uac-media-gap-short.xml", server.sip_target, tmp_path)
     assert sipp.run() == 0, sipp.errors()  # no BYE from the server: the dialog stayed up
@@ -50,7 +52,9 @@ def test_a_5_s_gap_recovers_with_the_dialog_intact(server_factory, tmp_path: Pat
     assert server.metric("voicegate_gate_frozen_seconds_total") >= 3.5
 
 
-def test_a_30_s_gap_ends_timed_out_with_a_bye(server_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_a_30_s_gap_ends_timed_out_with_a_bye(
+    server_factory: ServerFactory, tmp_path: Path
+) -> None:
     server = server_factory(**PRODUCT_GAP)
     sipp = Sipp("uac-media-gap-long.xml", server.sip_target, tmp_path, timeout_s=80)
     assert sipp.run() == 0, sipp.errors()  # SIPp got the server's BYE
@@ -71,7 +75,9 @@ def test_a_30_s_gap_ends_timed_out_with_a_bye(server_factory, tmp_path: Path) ->
     assert server.metric("voicegate_media_gaps_total") == 1
 
 
-def test_a_bye_during_a_gap_cancels_the_recovery_at_once(server_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_a_bye_during_a_gap_cancels_the_recovery_at_once(
+    server_factory: ServerFactory, tmp_path: Path
+) -> None:
     server = server_factory(**PRODUCT_GAP)
     sipp = Sipp("uac-bye-during-gap.xml", server.sip_target, tmp_path)
     assert sipp.run() == 0, sipp.errors()
@@ -137,8 +143,8 @@ def test_a_handover_reinvite_keeps_the_call_and_moves_the_rtp(
 
 
 def test_a_hold_longer_than_the_gap_threshold_is_not_a_media_failure(
-    server_factory,
-    tmp_path: Path,  # type: ignore[no-untyped-def]
+    server_factory: ServerFactory,
+    tmp_path: Path,
 ) -> None:
     server = server_factory(**PRODUCT_GAP)
     sipp = Sipp("uac-hold-unhold.xml", server.sip_target, tmp_path).start()

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.harness import Provider, Server, Sipp, wait_for
+from tests.integration.harness import Provider, Server, ServerFactory, Sipp, wait_for
 
 
 @pytest.fixture
@@ -31,8 +31,8 @@ def _receipts(session: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def test_a_payment_is_charged_once_and_read_back(
-    server_factory, provider: Provider, tmp_path: Path
-) -> None:  # type: ignore[no-untyped-def]
+    server_factory: ServerFactory, provider: Provider, tmp_path: Path
+) -> None:
     server = server_factory(**provider.tool_env())
     sipp = Sipp("uac-payment.xml", server.sip_target, tmp_path)
     assert sipp.run() == 0, sipp.errors()
@@ -55,9 +55,9 @@ def test_a_payment_is_charged_once_and_read_back(
 
 
 def test_a_slow_provider_is_reconciled_by_status_not_by_resending(
-    server_factory,
+    server_factory: ServerFactory,
     provider: Provider,
-    tmp_path: Path,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
 ) -> None:
     # The charge takes 3 s; voicegate gives up on the response after 1 s, then asks the status
     # endpoint (in progress... committed) instead of sending the charge again.
@@ -74,9 +74,9 @@ def test_a_slow_provider_is_reconciled_by_status_not_by_resending(
 
 
 def test_a_failing_provider_ends_as_confirmed_not_started(
-    server_factory,
+    server_factory: ServerFactory,
     provider: Provider,
-    tmp_path: Path,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
 ) -> None:
     provider.set_faults(fail_status=503, fail_count=1)
     server = server_factory(**provider.tool_env())
@@ -93,9 +93,9 @@ def test_a_failing_provider_ends_as_confirmed_not_started(
 
 
 def test_an_unknown_outcome_sends_the_session_to_needs_human(
-    server_factory,
+    server_factory: ServerFactory,
     provider: Provider,
-    tmp_path: Path,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
 ) -> None:
     provider.set_faults(charge_delay_s=6.0, status_unknown=True)
     server = server_factory(

@@ -14,7 +14,14 @@ from typing import Any
 
 import pytest
 
-from tests.integration.harness import Server, Sipp, free_port_block, rtp_range, wait_for
+from tests.integration.harness import (
+    Server,
+    ServerFactory,
+    Sipp,
+    free_port_block,
+    rtp_range,
+    wait_for,
+)
 
 if shutil.which("kamailio") is None:  # pragma: no cover - CI installs it
     raise pytest.UsageError("pool tests need Kamailio: apt-get install kamailio")
@@ -38,7 +45,7 @@ def pool_env(workers: int = WORKERS, **extra: str) -> dict[str, str]:
 
 
 @pytest.fixture
-def pool(server_factory) -> Iterator[Server]:  # type: ignore[no-untyped-def]
+def pool(server_factory: ServerFactory) -> Iterator[Server]:
     server = server_factory("pool", **pool_env())
     wait_for(lambda: ready_workers(server) == WORKERS, 30, "every worker ready")
     yield server
@@ -177,7 +184,7 @@ def test_an_operator_hangs_up_a_call_through_the_supervisor(pool: Server, tmp_pa
 
 
 def test_sigterm_drains_the_pool_without_cutting_calls(
-    server_factory,  # type: ignore[no-untyped-def]
+    server_factory: ServerFactory,
     tmp_path: Path,
 ) -> None:
     pool = server_factory("pool", **pool_env(VOICEGATE_SIP_DRAIN_DEADLINE_S="60"))

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.integration.harness import Server, Sipp, wait_for
+from tests.integration.harness import Server, ServerFactory, Sipp, wait_for
 
 # These SIPp callers talk for 7 s and then send no RTP for a minute, which a real phone would not
 # do: keep the media-gap monitor out of the way of the timer under test.
 QUIET_CALLER = {"VOICEGATE_MEDIA_GAP_THRESHOLD_S": "300"}
 
 
-def test_voicegate_refreshes_as_refresher(server_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_voicegate_refreshes_as_refresher(server_factory: ServerFactory, tmp_path: Path) -> None:
     server: Server = server_factory(**QUIET_CALLER)
     sipp = Sipp("uac-session-timer-refresh.xml", server.sip_target, tmp_path, timeout_s=90)
     # The scenario fails unless the server sends its UPDATE refresh within 60 s.
@@ -22,7 +22,9 @@ def test_voicegate_refreshes_as_refresher(server_factory, tmp_path: Path) -> Non
     assert session["ended"]["terminal_state"] == "completed"
 
 
-def test_an_unrefreshed_session_ends_timed_out(server_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_an_unrefreshed_session_ends_timed_out(
+    server_factory: ServerFactory, tmp_path: Path
+) -> None:
     server: Server = server_factory(**QUIET_CALLER)
     sipp = Sipp("uac-session-timer-expiry.xml", server.sip_target, tmp_path, timeout_s=120)
     assert sipp.run() == 0, sipp.errors()  # SIPp got PJSIP's BYE

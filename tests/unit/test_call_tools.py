@@ -19,6 +19,7 @@ from providers.payments import create_app
 from session import effects as fx
 from session import events as sev
 from session.durable import DurableSession
+from session.store import SessionStore
 from session.store_sqlite import SqliteSessionStore
 from voicegate.call_tools import CallTools, ToolDone, ToolRefused
 from voicegate.faults import Faults
@@ -28,7 +29,7 @@ from voicegate.tool_client import ToolClient
 
 @dataclass
 class Services:
-    store: SqliteSessionStore
+    store: SessionStore
     tool_client: ToolClient
     tools: Mapping[str, ToolSettings]
     metrics: Metrics = field(default_factory=Metrics)

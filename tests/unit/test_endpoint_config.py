@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from config import load_settings
+from telephony.endpoint import SipEndpoint
 from voicegate.runtime import endpoint_config
 
 
@@ -23,3 +26,19 @@ def test_settings_reach_the_endpoint_config() -> None:
     assert cfg.session_expires_s == 600
     assert cfg.numbers == frozenset({"100", "200"})
     assert cfg.fast_copy is False
+
+
+def test_the_sip_thread_blocks_until_its_next_own_deadline() -> None:
+    # Commands wake it (telephony.sip_wake); its own deadlines bound how long it may block.
+    loop = asyncio.new_event_loop()
+    sip = SipEndpoint(endpoint_config(load_settings(None, {})), loop, lambda event: None)
+    try:
+        assert sip._wait_ms(now=100.0, next_health=100.2) == 1000  # idle: no call to watch
+        sip._calls["c1"] = object()  # type: ignore[assignment]
+        assert sip._wait_ms(now=100.0, next_health=100.2) == 200  # the next media-health poll
+        sip._graveyard.append((100.05, object()))  # type: ignore[arg-type]
+        assert sip._wait_ms(now=100.0, next_health=100.2) == 50  # a port due back in the pool
+        assert sip._wait_ms(now=100.3, next_health=100.2) == 1  # overdue: poll, never block
+    finally:
+        sip._waker.close()
+        loop.close()

@@ -1,0 +1,67 @@
+"""Run by tests/integration/test_pjsua2_threads.py in a process of its own: does PJSIP's
+``libHandleEvents`` return when SipWaker pokes its UDP transport, and does PJSIP stay silent?
+
+Prints one JSON line: how long each blocking ``libHandleEvents(5000)`` took with a wake-up sent
+0.3 s in, how long ``libHandleEvents(1500)`` took without one, and whether anything came back to
+the waker's socket.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+
+import pjsua2 as pj
+
+from telephony.sip_wake import SipWaker
+
+
+def main() -> None:
+    port = int(sys.argv[1])
+    ep = pj.Endpoint()
+    ep.libCreate()
+    cfg = pj.EpConfig()
+    cfg.uaConfig.threadCnt = 0
+    cfg.uaConfig.mainThreadOnly = True
+    cfg.logConfig.level = 0
+    cfg.logConfig.consoleLevel = 0
+    cfg.medConfig.sndAutoCloseTime = -1  # no sound-device timer to end a wait early
+    ep.libInit(cfg)
+    ep.audDevManager().setNullDev()
+    transport = pj.TransportConfig()
+    transport.port = port
+    transport.boundAddress = "127.0.0.1"
+    ep.transportCreate(pj.PJSIP_TRANSPORT_UDP, transport)
+    ep.libStart()
+    waker = SipWaker("127.0.0.1", port)
+    # Drain whatever start-up left pending (timers), so each wait below is a plain block.
+    for _ in range(20):
+        ep.libHandleEvents(10)
+
+    def poke() -> None:
+        time.sleep(0.3)
+        waker.wake()
+
+    waits = []
+    for _ in range(3):
+        threading.Thread(target=poke).start()
+        started = time.monotonic()
+        ep.libHandleEvents(5000)
+        waits.append(time.monotonic() - started)
+    # The control: with no wake-up, the same call blocks (here 1.5 s).
+    started = time.monotonic()
+    ep.libHandleEvents(1500)
+    unpoked = time.monotonic() - started
+    waker._sock.settimeout(0.5)
+    try:
+        reply = waker._sock.recv(100).decode(errors="replace")
+    except TimeoutError:
+        reply = None
+    print(json.dumps({"waits": waits, "unpoked": unpoked, "reply": reply}), flush=True)
+    ep.libDestroy()
+
+
+if __name__ == "__main__":
+    main()
