@@ -100,7 +100,9 @@ class Agent:
         """The caller pressed a key (RFC 2833 or SIP INFO): one of 0-9, *, #, A-D."""
 
     async def on_audio(self, frame: Frame) -> None:
-        """20 ms of caller audio at the call's rate."""
+        """20 ms of caller audio at the agent's rate (``audio.agent_rate``).
+
+        An agent that does not override this gets no frames built for it at all."""
 
     async def on_interrupted(self, interruption: str) -> None:
         """The call lost something (``media``, ``reinvite``, ``transfer``, ``agent_link``): your
@@ -126,3 +128,8 @@ class Agent:
 
 
 AgentFactory = Callable[[CallContext, CallControl], Agent]
+
+
+def takes_audio(agent: Agent) -> bool:
+    """Whether ``agent`` overrides :meth:`Agent.on_audio` (else caller frames are not built)."""
+    return type(agent).on_audio is not Agent.on_audio

@@ -1,9 +1,9 @@
 """Caller audio from the media bridge's ring to the agent: one 20 ms frame at a time.
 
-Per frame: voice activity on the call-rate audio (what the caller actually sent, and half the work
-at 8 kHz), then conversion to the agent's rate with :class:`~audio.resample.StreamResampler` when
-the two differ (G.711 calls run at 8 kHz, G.722 at 16 kHz; agents usually want 16 kHz). Runs on
-the asyncio side, never on the media clock thread.
+Per frame: voice activity on the call-rate audio (the media port's rate, which is the conference
+bridge's: PJSIP has already converted the codec's), then, for an agent that takes caller audio,
+conversion to the agent's rate with :class:`~audio.resample.StreamResampler` when the two differ.
+Runs on the asyncio side, never on the media clock thread.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ class InboundResult:
     rate (use ``timestamp_ms`` to compare the two).
     """
 
-    frame_for_agent: Frame
+    frame_for_agent: Frame | None
+    """None when the pipeline was told the agent takes no audio."""
     vad_event: VadEvent | None
     speech_ms: int = 0
     """Speech in the caller's current segment after this frame (``VoiceActivity.speech_ms``)."""
@@ -78,12 +79,13 @@ class InboundPipeline:
         """Mean pipeline time per frame so far, in microseconds (0.0 before the first frame)."""
         return self.total_ns / self.frames / 1000 if self.frames else 0.0
 
-    def process(self, pcm: bytes, timestamp: int) -> InboundResult:
+    def process(self, pcm: bytes, timestamp: int, *, for_agent: bool = True) -> InboundResult:
         """One 20 ms frame of caller PCM (little-endian s16 at the call rate) at ``timestamp``.
 
         ``timestamp`` is the frame's first sample counted at the call rate since the call's audio
         started; the agent frame carries the same instant at the agent rate. Frames must be fed in
-        order; a gap in timestamps is allowed (the resampler just runs on).
+        order; a gap in timestamps is allowed (the resampler just runs on). ``for_agent`` false
+        skips the agent's frame (and the resampler) for an agent that takes no caller audio.
         """
         started = time.perf_counter_ns()
         if len(pcm) != self.frame_bytes:
@@ -92,12 +94,15 @@ class InboundPipeline:
                 f"got {len(pcm)}"
             )
         event = self.vad.process_pcm(pcm, timestamp)
-        samples = np.frombuffer(pcm, dtype=self._pcm_dtype)
-        if self._resampler is None:
-            frame = Frame(samples, self.call_rate, timestamp)
-        else:
-            converted = self._resampler.process(samples)
-            frame = Frame(converted, self.agent_rate, timestamp * self.agent_rate // self.call_rate)
+        frame: Frame | None = None
+        if for_agent:
+            samples = np.frombuffer(pcm, dtype=self._pcm_dtype)
+            if self._resampler is None:
+                frame = Frame(samples, self.call_rate, timestamp)
+            else:
+                converted = self._resampler.process(samples)
+                at = timestamp * self.agent_rate // self.call_rate
+                frame = Frame(converted, self.agent_rate, at)
         self.frames += 1
         self.total_ns += time.perf_counter_ns() - started
         return InboundResult(frame, event, self.vad.speech_ms)

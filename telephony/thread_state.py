@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-_api = ctypes.pythonapi
+# Our own handle on the interpreter's C API (ctypes.pythonapi's prototypes are shared); PyDLL
+# keeps the GIL held across each call, as these functions require.
+_api = ctypes.PyDLL(None)
 _api.PyGILState_Ensure.restype = ctypes.c_int
 _api.PyGILState_Ensure.argtypes = []
 _api.PyGILState_GetThisThreadState.restype = ctypes.c_void_p
@@ -45,6 +47,13 @@ class _Here(threading.local):
     pinned = False
 
 
+def _python_threads() -> Mapping[int, object]:
+    # threading's registry of the threads it started (and of foreign threads that asked for
+    # current_thread(), which pinned callbacks never do).
+    active: Mapping[int, object] = getattr(threading, "_active", {})
+    return active
+
+
 def thread_alive(native_id: int) -> bool:
     """Whether a thread of this process with that kernel thread id still runs."""
     return Path(f"/proc/self/task/{native_id}").exists()
@@ -55,7 +64,8 @@ class ThreadStatePins:
 
     A callback checks ``pins.here.pinned`` (a thread-local attribute: about 100 ns) and calls
     :meth:`pin` when it is false, which happens once per thread. Only threads Python did not
-    start need it; pinning a Python thread's state is harmless.
+    start are pinned: a Python thread's state already lives as long as the thread, and Python
+    frees it when the thread ends, so it must not be freed here too.
     """
 
     __slots__ = ("_alive", "_pinned", "freed", "here")
@@ -75,6 +85,9 @@ class ThreadStatePins:
     def pin(self) -> None:
         """Keep the calling thread's state past the callback. Call with the GIL held."""
         if self.here.pinned:
+            return
+        if threading.get_ident() in _python_threads():
+            self.here.pinned = True  # nothing to do on this thread, ever
             return
         self._free_ended()
         _api.PyGILState_Ensure()

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from agents.base import Agent, AgentFactory, CallContext, ToolResult
+from agents.base import Agent, AgentFactory, CallContext, ToolResult, takes_audio
 from audio.barge_in import BargeIn, BargeInConfig, latency_ms, onset_ns
 from audio.inbound import InboundPipeline
 from audio.playout import MarkHeard, ResponseDrained
@@ -135,6 +135,7 @@ class LiveCall:
         self._vad_config = vad
         self._barge = BargeIn(barge)
         self._inbound: InboundPipeline | None = None
+        self._agent_takes_audio = False
         self._stale_seen = 0
         self._speech_turn: str | None = None
         self._speech_onset_ms = 0.0
@@ -644,6 +645,7 @@ class LiveCall:
             rate=self.channel.rate,
         )
         self.agent = self._agent_factory(context, self)
+        self._agent_takes_audio = takes_audio(self.agent)
         await self.agent.on_start()
 
     async def _on_tick(self) -> None:
@@ -693,7 +695,7 @@ class LiveCall:
             timestamp = self._frames_in * samples_per_frame
             self._frames_in += 1
             spent = pipeline.total_ns
-            result = pipeline.process(data, timestamp)
+            result = pipeline.process(data, timestamp, for_agent=self._agent_takes_audio)
             metrics.frame_pipeline.observe((pipeline.total_ns - spent) / 1e9)
             if not answered:
                 continue
@@ -703,7 +705,7 @@ class LiveCall:
             if decision is not None and decision.response_id == self._response_id:
                 self._barge_in("speech", decision.onset_timestamp, timestamp + samples_per_frame)
             await self._on_vad(result.vad_event)
-            if self.agent is not None:
+            if self.agent is not None and result.frame_for_agent is not None:
                 await self.agent.on_audio(result.frame_for_agent)
 
     def _barge_in(self, reason: str, onset: int, detected_at: int) -> None:

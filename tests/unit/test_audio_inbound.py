@@ -35,7 +35,8 @@ def run(pipeline: InboundPipeline, x: NDArray[np.int16]) -> list[InboundResult]:
 
 
 def joined(results: list[InboundResult]) -> NDArray[np.int16]:
-    return np.concatenate([r.frame_for_agent.samples for r in results])
+    frames = [r.frame_for_agent for r in results]
+    return np.concatenate([f.samples for f in frames if f is not None])
 
 
 @pytest.mark.parametrize(
@@ -49,6 +50,7 @@ def test_agent_frames_are_20_ms_at_the_agent_rate_on_a_continuous_clock(
     assert len(results) == 25
     for i, result in enumerate(results):
         frame = result.frame_for_agent
+        assert frame is not None
         assert (frame.rate, len(frame), frame.timestamp) == (agent_rate, size, i * size)
 
 
@@ -94,6 +96,7 @@ def test_vad_runs_on_the_call_rate_audio_with_the_configured_settings() -> None:
     first = next(r for r in results if r.vad_event is not None)
     assert first.vad_event is not None
     assert first.vad_event.rate == 8000
+    assert first.frame_for_agent is not None
     assert first.vad_event.detected_at_ms == pytest.approx(first.frame_for_agent.timestamp_ms + 20)
 
 
@@ -123,3 +126,19 @@ def test_frames_and_time_are_counted_for_the_metrics() -> None:
     run(pipeline, sweep(8000, 200, 3000, 0.2))
     assert pipeline.frames == 10
     assert pipeline.total_ns > 0
+
+
+def test_without_an_agent_to_feed_no_frame_is_built_and_vad_is_the_same() -> None:
+    speech = pcap_speech()
+    size = samples_per_frame(8000)
+    fed, unfed = InboundPipeline(8000, 16000), InboundPipeline(8000, 16000)
+    events = 0
+    for at in range(0, len(speech) - size + 1, size):
+        pcm = speech[at : at + size].tobytes()
+        with_frame, without = fed.process(pcm, at), unfed.process(pcm, at, for_agent=False)
+        assert with_frame.frame_for_agent is not None
+        assert without.frame_for_agent is None
+        assert without.vad_event == with_frame.vad_event
+        assert without.speech_ms == with_frame.speech_ms
+        events += without.vad_event is not None
+    assert events >= 1  # the speech started, so the two were compared on an event
