@@ -16,6 +16,7 @@ from typing import Any
 import pjsua2 as pj
 
 from telephony.thread_state import ThreadStatePins
+from tests.integration.probes.endpoint import start_endpoint
 
 PIN = sys.argv[1] == "pin"
 RATE = 16000
@@ -40,19 +41,8 @@ class Port(pj.AudioMediaPort):  # type: ignore[misc]
 
 
 def main() -> None:
-    ep = pj.Endpoint()
-    ep.libCreate()
-    cfg = pj.EpConfig()
-    cfg.uaConfig.threadCnt = 0
-    cfg.uaConfig.mainThreadOnly = True
-    cfg.logConfig.level = 0
-    cfg.logConfig.consoleLevel = 0
-    cfg.medConfig.clockRate = RATE
-    cfg.medConfig.sndClockRate = RATE
-    cfg.medConfig.sndAutoCloseTime = 1  # PJSIP's default: the idle device closes after 1 s
-    ep.libInit(cfg)
-    ep.audDevManager().setNullDev()
-    ep.libStart()
+    # PJSIP's default: the idle sound device closes after 1 s, ending its clock thread.
+    ep = start_endpoint(rate=RATE, snd_auto_close_s=1)
     pins = ThreadStatePins()
     local = threading.local()
     runs = []

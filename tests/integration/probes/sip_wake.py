@@ -13,28 +13,14 @@ import sys
 import threading
 import time
 
-import pjsua2 as pj
-
 from telephony.sip_wake import SipWaker
+from tests.integration.probes.endpoint import start_endpoint
 
 
 def main() -> None:
     port = int(sys.argv[1])
-    ep = pj.Endpoint()
-    ep.libCreate()
-    cfg = pj.EpConfig()
-    cfg.uaConfig.threadCnt = 0
-    cfg.uaConfig.mainThreadOnly = True
-    cfg.logConfig.level = 0
-    cfg.logConfig.consoleLevel = 0
-    cfg.medConfig.sndAutoCloseTime = -1  # no sound-device timer to end a wait early
-    ep.libInit(cfg)
-    ep.audDevManager().setNullDev()
-    transport = pj.TransportConfig()
-    transport.port = port
-    transport.boundAddress = "127.0.0.1"
-    ep.transportCreate(pj.PJSIP_TRANSPORT_UDP, transport)
-    ep.libStart()
+    # No sound-device timer to end a wait early.
+    ep = start_endpoint(snd_auto_close_s=-1, udp_port=port)
     waker = SipWaker("127.0.0.1", port)
     # Drain whatever start-up left pending (timers), so each wait below is a plain block.
     for _ in range(20):
