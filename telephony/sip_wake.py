@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import logging
 import socket
+
+log = logging.getLogger("voicegate.sip")
 
 KEEPALIVE = b"\r\n\r\n"
 
@@ -43,8 +46,14 @@ class SipWaker:
             self._sock.sendto(KEEPALIVE, self.address)
         except BlockingIOError:
             pass
-        except OSError:
+        except OSError as exc:
             self.failures += 1
+            if self.failures == 1:
+                log.warning(
+                    "cannot wake the SIP thread at %s:%d (%s); SIP commands may wait up to 1 s",
+                    *self.address,
+                    exc,
+                )
 
     def close(self) -> None:
         with contextlib.suppress(OSError):

@@ -35,8 +35,12 @@ def test_the_waker_sends_a_crlf_keepalive_to_the_transport() -> None:
     assert waker.failures == 0
 
 
-def test_a_failing_send_is_counted_not_raised() -> None:
+def test_a_failing_send_is_counted_and_logged_once_not_raised(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     waker = SipWaker("127.0.0.1", 9)
     waker.close()
     waker.wake()  # on a closed socket: EBADF
-    assert waker.failures == 1
+    waker.wake()
+    assert waker.failures == 2
+    assert caplog.text.count("cannot wake the SIP thread") == 1
