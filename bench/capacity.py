@@ -4,6 +4,7 @@ Prints figures, never passes or fails (STYLE.md; tests assert behaviour, benchma
 
     python bench/capacity.py                          # steps 20..100 calls, baseline, rate ramp
     python bench/capacity.py --steps 4,8 --hold 10 --rates 10,20   # a quick look
+    python bench/capacity.py --resample-quality 4     # PJSIP's small resampling filter, both sides
 
 For each step it starts N SIPp callers through the pool's Kamailio (a pool of ceil(N_max / 4)
 workers, 4 calls each), waits until all N are answered, then for ``--hold`` seconds measures:
@@ -244,7 +245,7 @@ def rtp_interval_p99_ms(work: Path, rtp: tuple[int, int], seconds: float) -> tup
 
 
 class Pool:
-    def __init__(self, work: Path, workers: int) -> None:
+    def __init__(self, work: Path, workers: int, quality: int) -> None:
         self.rtp = rtp_range(size=max(40, 8 * workers + 8))
         env = {
             "VOICEGATE_POOL_WORKERS": str(workers),
@@ -257,6 +258,7 @@ class Pool:
             "VOICEGATE_SIP_MAX_SETUP_RATE": "30",
             "VOICEGATE_SESSION_NO_INPUT_S": "0",
             "VOICEGATE_POOL_START_TIMEOUT_S": "120",
+            "VOICEGATE_MEDIA_RESAMPLE_QUALITY": str(quality),
         }
         self.server = Server(work / "pool", env_overrides=env)
         self.workers = workers
@@ -345,7 +347,7 @@ def measure_step(pool: Pool, calls: int, hold_s: float, work: Path, idle: dict[s
     )
 
 
-def baseline_per_call(calls: int, hold_s: float, work: Path) -> float:
+def baseline_per_call(calls: int, hold_s: float, work: Path, quality: int) -> float:
     """CPU per call (% of a core, above idle) of C-only pjsua2 callees behind their own Kamailio."""
     count = math.ceil(calls / 4)
     first = free_port_block(count)
@@ -357,7 +359,8 @@ def baseline_per_call(calls: int, hold_s: float, work: Path) -> float:
         procs.append(
             subprocess.Popen(
                 [sys.executable, str(ROOT / "bench" / "pjsua2_baseline.py"), "--port",
-                 str(first + i), "--rtp", rtp, "--wav", str(BASELINE_WAV)],
+                 str(first + i), "--rtp", rtp, "--wav", str(BASELINE_WAV),
+                 "--quality", str(quality)],
                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
             )
         )  # fmt: skip
@@ -466,6 +469,10 @@ def main() -> int:
     parser.add_argument("--hold", type=float, default=20.0, help="seconds measured per step")
     parser.add_argument("--rates", default="10,20,40,60,80,120", help="set-up rates to ramp")
     parser.add_argument("--no-baseline", action="store_true")
+    parser.add_argument(
+        "--resample-quality", type=int, default=8,
+        help="media.resample_quality for the pool and the C-only baseline alike (PJSIP: 8)",
+    )  # fmt: skip
     parser.add_argument("--work", help="keep logs and captures here (default: a temp dir)")
     args = parser.parse_args()
     steps = [int(x) for x in args.steps.split(",")]
@@ -477,7 +484,7 @@ def main() -> int:
         f"voicegate capacity: {workers} workers x 4 calls behind Kamailio, {os.cpu_count()} cores"
     )
     print(f"  work dir: {work}")
-    pool = Pool(work, workers)
+    pool = Pool(work, workers, args.resample_quality)
     pool.start()
     results: list[Step] = []
     try:
@@ -510,8 +517,11 @@ def main() -> int:
         # The comparison means something where the pool held every call of the step.
         full = [s for s in results if s.held == s.calls] or results
         top = max(full, key=lambda s: s.calls)
-        top.baseline_per_call = baseline_per_call(top.calls, args.hold, work)
-    print("\nconcurrent calls with speech both ways (G.711 A-law caller, 16 kHz bridge)")
+        top.baseline_per_call = baseline_per_call(top.calls, args.hold, work, args.resample_quality)
+    print(
+        "\nconcurrent calls with speech both ways (G.711 A-law caller, 16 kHz bridge, "
+        f"resample quality {args.resample_quality})"
+    )
     print(
         f"  {'calls':>5} {'held':>5} {'machine':>8} {'workers':>8} {'CPU/call':>9} {'C-only':>7} "
         f"{'ratio':>6} "

@@ -55,7 +55,7 @@ class Account(pj.Account):  # type: ignore[misc]
 
 
 class Baseline:
-    def __init__(self, port: int, rtp: tuple[int, int], wav: str) -> None:
+    def __init__(self, port: int, rtp: tuple[int, int], wav: str, quality: int = 8) -> None:
         self.wav = wav
         self.calls: list[Call] = []
         self.ended: list[Call] = []
@@ -70,6 +70,7 @@ class Baseline:
         cfg.medConfig.clockRate = 16000
         cfg.medConfig.sndClockRate = 16000
         cfg.medConfig.noVad = True
+        cfg.medConfig.quality = quality
         cfg.medConfig.ptime = 20
         cfg.medConfig.audioFramePtime = 20
         ep.libInit(cfg)
@@ -112,9 +113,10 @@ def main() -> int:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--rtp", required=True, help="LOW-HIGH")
     parser.add_argument("--wav", required=True)
+    parser.add_argument("--quality", type=int, default=8, help="media.resample_quality")
     args = parser.parse_args()
     low, high = (int(x) for x in args.rtp.split("-"))
-    Baseline(args.port, (low, high), args.wav).run()
+    Baseline(args.port, (low, high), args.wav, args.quality).run()
     return 0
 
 

@@ -71,6 +71,7 @@ class EndpointConfig:
     session_expires_s: int = 1800
     playout_max_ms: int = 60_000
     health_poll_s: float = 0.2
+    resample_quality: int = 8
 
 
 class _LogWriter(pj.LogWriter):  # type: ignore[misc]
@@ -293,6 +294,7 @@ class SipEndpoint:
         ep_cfg.medConfig.clockRate = cfg.clock_rate
         ep_cfg.medConfig.sndClockRate = cfg.clock_rate
         ep_cfg.medConfig.noVad = True
+        ep_cfg.medConfig.quality = cfg.resample_quality
         ep_cfg.medConfig.ptime = 20
         ep_cfg.medConfig.audioFramePtime = 20
         ep.libInit(ep_cfg)

@@ -69,6 +69,7 @@ def endpoint_config(settings: Settings) -> EndpointConfig:
         gap_threshold_s=media.gap_threshold_s,
         session_expires_s=sip.session_expires_s,
         playout_max_ms=round(settings.audio.playout_max_s * 1000),
+        resample_quality=media.resample_quality,
     )
 
 

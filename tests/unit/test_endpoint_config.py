@@ -18,6 +18,7 @@ def test_settings_reach_the_endpoint_config() -> None:
             "VOICEGATE_SIP_SESSION_EXPIRES_S": "600",
             "VOICEGATE_SIP_NUMBERS": "100,200",
             "VOICEGATE_MEDIA_FAST_FRAME_COPY": "false",
+            "VOICEGATE_MEDIA_RESAMPLE_QUALITY": "4",
         },
     )
     cfg = endpoint_config(settings)
@@ -26,6 +27,7 @@ def test_settings_reach_the_endpoint_config() -> None:
     assert cfg.session_expires_s == 600
     assert cfg.numbers == frozenset({"100", "200"})
     assert cfg.fast_copy is False
+    assert cfg.resample_quality == 4
 
 
 def test_the_sip_thread_blocks_until_its_next_own_deadline() -> None:
