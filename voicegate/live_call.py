@@ -527,8 +527,9 @@ class LiveCall:
                 self.codec = codec
                 self.codec_rate = codec_rate
                 self.channel = channel
-                # A new media channel (a re-INVITE changed the codec) starts at generation 0:
-                # bring it to the session's, so nothing older can be admitted.
+                # A new media channel starts at generation 0: bring it to the session's, so
+                # nothing older can be admitted. (A re-INVITE that changes the codec keeps the
+                # channel: it runs at the bridge's rate, not the codec's.)
                 state = self.session.state if self.session else None
                 if state is not None and channel.playout.generation < state.playback_generation:
                     channel.playout.interrupt(state.playback_generation)
