@@ -179,9 +179,10 @@ class SipEndpoint:
         self._calls: dict[str, _Call] = {}
         self._refusing: dict[str, _Call] = {}
         self._held: list[tuple[float, _Call, int]] = []
-        # Ports of ended calls wait here a moment, then go back to the free pool by rate.
+        # Ports of ended calls wait here a moment, then go back to the free pool. Every port runs
+        # at the bridge's rate (media.clock_rate), so any free port serves any call.
         self._graveyard: list[tuple[float, MediaBridge]] = []
-        self._free_ports: dict[int, list[MediaBridge]] = {}
+        self._free_ports: list[MediaBridge] = []
         self._all_ports: list[MediaBridge] = []
 
     # --- asyncio side -------------------------------------------------------------------------
@@ -413,7 +414,7 @@ class SipEndpoint:
             for _, port in (item for item in self._graveyard if item[0] <= now):
                 # Park it on a silent channel of its own until the next call borrows it.
                 port.attach(MediaChannel(port.rate, inbound_frames=1))
-                self._free_ports.setdefault(port.rate, []).append(port)
+                self._free_ports.append(port)
             self._graveyard = [item for item in self._graveyard if item[0] > now]
 
     def _refuse(self, call: _Call, status: int, *, retry_after: bool = False) -> None:
@@ -496,11 +497,11 @@ class SipEndpoint:
                     )
                 )
 
-    def _borrow_port(self, rate: int) -> MediaBridge:
+    def _borrow_port(self) -> MediaBridge:
+        rate = self.config.clock_rate
         channel = MediaChannel(rate, playout=Playout(rate, self.config.playout_max_ms))
-        free = self._free_ports.get(rate)
-        if free:
-            port = free.pop()
+        if self._free_ports:
+            port = self._free_ports.pop()
             port.attach(channel)
             return port
         assert self._copier is not None
@@ -544,7 +545,7 @@ class SipEndpoint:
                 # converts the stream once each way, as it must anyway. A port at the codec's
                 # rate (8 kHz for G.711 on a 16 kHz bridge) made it convert twice more per call
                 # and tick, the costliest thing on the clock thread (perf, bench/capacity.py).
-                call.bridge = self._borrow_port(self.config.clock_rate)
+                call.bridge = self._borrow_port()
             # The call's AudioMedia can change on every media update (notes, "Media health"):
             # reconnect each time.
             call.audio = audio
