@@ -5,11 +5,14 @@ Prints figures, never passes or fails (STYLE.md; tests assert behaviour, benchma
     python bench/capacity.py                          # steps 20..100 calls, baseline, rate ramp
     python bench/capacity.py --steps 4,8 --hold 10 --rates 10,20   # a quick look
     python bench/capacity.py --resample-quality 4     # PJSIP's small resampling filter, both sides
+    python bench/capacity.py --clock-rate 8000        # a narrowband bridge, both sides
 
 For each step it starts N SIPp callers through the pool's Kamailio (a pool of ceil(N_max / 4)
 workers, 4 calls each), waits until all N are answered, then for ``--hold`` seconds measures:
 
 - CPU of the workers, as a percentage of one core, in all and per call (above the idle pool);
+- busy share of the machine: all of it (SIPp, tcpdump and this script included), and the pool's
+  own processes alone (supervisor, workers, Kamailio);
 - the same per-call figure for a C-only pjsua2 baseline (``bench/pjsua2_baseline.py``: same
   wheel and media settings, WAV player out and null sound device in, no Python per frame) run
   with the same number of calls through its own Kamailio, and the ratio of the two;
@@ -34,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import wave
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +46,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from audio.prompts import PromptLibrary, default_prompts_dir  # noqa: E402
 from tests.integration.harness import (  # noqa: E402
     Server,
     Sipp,
@@ -62,7 +67,7 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 PAGE = os.sysconf("SC_PAGE_SIZE")
 SPEECH_S = 7.2  # pcap/g711a.pcap
-BASELINE_WAV = ROOT / "agents" / "prompts" / "greeting.wav"
+BASELINE_PROMPT = "greeting"
 
 # A caller that talks for its whole call: the A-law speech capture, again and again.
 SPEAKING_CALLER = """<?xml version="1.0" encoding="ISO-8859-1" ?>
@@ -206,6 +211,26 @@ def write_scenario(work: Path, call_s: float) -> Path:
     return path
 
 
+@dataclass(frozen=True)
+class MediaSettings:
+    """What the pool and the C-only baseline share: PJSIP's resample quality and bridge rate."""
+
+    quality: int
+    clock_rate: int
+
+    def baseline_wav(self, work: Path) -> Path:
+        """The baseline's outbound audio at the bridge's rate (a WAV at another rate would give
+        its player a resampler that a worker's port does not need)."""
+        path = work / f"{BASELINE_PROMPT}-{self.clock_rate}.wav"
+        samples = PromptLibrary(default_prompts_dir()).get(BASELINE_PROMPT, self.clock_rate)
+        with wave.open(str(path), "wb") as out:
+            out.setnchannels(1)
+            out.setsampwidth(2)
+            out.setframerate(self.clock_rate)
+            out.writeframes(samples.astype("<i2").tobytes())
+        return path
+
+
 @dataclass
 class Step:
     calls: int
@@ -219,6 +244,7 @@ class Step:
     frames_seen: int  # calls whose frame counters the workers reported in time
     rss_per_call_mb: float
     machine_busy: float
+    pool_busy: float
     baseline_per_call: float | None = None
 
 
@@ -245,7 +271,7 @@ def rtp_interval_p99_ms(work: Path, rtp: tuple[int, int], seconds: float) -> tup
 
 
 class Pool:
-    def __init__(self, work: Path, workers: int, quality: int) -> None:
+    def __init__(self, work: Path, workers: int, media: MediaSettings) -> None:
         self.rtp = rtp_range(size=max(40, 8 * workers + 8))
         env = {
             "VOICEGATE_POOL_WORKERS": str(workers),
@@ -258,7 +284,8 @@ class Pool:
             "VOICEGATE_SIP_MAX_SETUP_RATE": "30",
             "VOICEGATE_SESSION_NO_INPUT_S": "0",
             "VOICEGATE_POOL_START_TIMEOUT_S": "120",
-            "VOICEGATE_MEDIA_RESAMPLE_QUALITY": str(quality),
+            "VOICEGATE_MEDIA_RESAMPLE_QUALITY": str(media.quality),
+            "VOICEGATE_MEDIA_CLOCK_RATE": str(media.clock_rate),
         }
         self.server = Server(work / "pool", env_overrides=env)
         self.workers = workers
@@ -313,12 +340,15 @@ def measure_step(pool: Pool, calls: int, hold_s: float, work: Path, idle: dict[s
         time.sleep(2)  # let every call's media settle
         pids = pool.worker_pids()
         cpu = CpuWindow(pids)
+        assert pool.server.process is not None
+        own = CpuWindow(descendants(pool.server.process.pid))
         machine = MachineCpu()
         frames_before, t0 = pool.frames(), time.monotonic()
         p99, wire_pps = rtp_interval_p99_ms(work, pool.rtp, min(5.0, hold_s / 2))
         time.sleep(max(0.0, hold_s - (time.monotonic() - t0)))
         frames_after, t1 = pool.frames(), time.monotonic()
         total = cpu.percent()
+        pool_busy = own.percent() / (os.cpu_count() or 1)
         machine_busy = machine.percent()
         rss = sum(rss_bytes(pid) for pid in pids)
         held = pool.answered()
@@ -338,6 +368,7 @@ def measure_step(pool: Pool, calls: int, hold_s: float, work: Path, idle: dict[s
         cpu_total=total,
         cpu_per_call=(total - idle["cpu"]) / max(1, held),
         machine_busy=machine_busy,
+        pool_busy=pool_busy,
         fps_in=statistics.fmean(rates_in) if rates_in else float("nan"),
         fps_out=statistics.fmean(rates_out) if rates_out else float("nan"),
         interval_p99_ms=p99,
@@ -347,20 +378,21 @@ def measure_step(pool: Pool, calls: int, hold_s: float, work: Path, idle: dict[s
     )
 
 
-def baseline_per_call(calls: int, hold_s: float, work: Path, quality: int) -> float:
+def baseline_per_call(calls: int, hold_s: float, work: Path, media: MediaSettings) -> float:
     """CPU per call (% of a core, above idle) of C-only pjsua2 callees behind their own Kamailio."""
     count = math.ceil(calls / 4)
     first = free_port_block(count)
     low, high = rtp_range(size=max(40, 8 * count + 8))
     width = ((high - low + 1) // count) & ~1
+    wav = media.baseline_wav(work)
     procs = []
     for i in range(count):
         rtp = f"{low + i * width}-{low + (i + 1) * width - 1}"
         procs.append(
             subprocess.Popen(
                 [sys.executable, str(ROOT / "bench" / "pjsua2_baseline.py"), "--port",
-                 str(first + i), "--rtp", rtp, "--wav", str(BASELINE_WAV),
-                 "--quality", str(quality)],
+                 str(first + i), "--rtp", rtp, "--wav", str(wav),
+                 "--quality", str(media.quality), "--clock-rate", str(media.clock_rate)],
                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
             )
         )  # fmt: skip
@@ -473,6 +505,10 @@ def main() -> int:
         "--resample-quality", type=int, default=8,
         help="media.resample_quality for the pool and the C-only baseline alike (PJSIP: 8)",
     )  # fmt: skip
+    parser.add_argument(
+        "--clock-rate", type=int, choices=(8000, 16000), default=16000,
+        help="media.clock_rate (the bridge's rate) for the pool and the baseline alike",
+    )  # fmt: skip
     parser.add_argument("--work", help="keep logs and captures here (default: a temp dir)")
     args = parser.parse_args()
     steps = [int(x) for x in args.steps.split(",")]
@@ -484,7 +520,8 @@ def main() -> int:
         f"voicegate capacity: {workers} workers x 4 calls behind Kamailio, {os.cpu_count()} cores"
     )
     print(f"  work dir: {work}")
-    pool = Pool(work, workers, args.resample_quality)
+    media = MediaSettings(args.resample_quality, args.clock_rate)
+    pool = Pool(work, workers, media)
     pool.start()
     results: list[Step] = []
     try:
@@ -501,7 +538,8 @@ def main() -> int:
             step = measure_step(pool, calls, args.hold, work, idle)
             results.append(step)
             print(
-                f"  step {calls:>3}: held {step.held}, machine {step.machine_busy:.0f}% busy, "
+                f"  step {calls:>3}: held {step.held}, machine {step.machine_busy:.0f}% busy "
+                f"(pool {step.pool_busy:.0f}%), "
                 f"workers {step.cpu_total:.0f}% of a core, "
                 f"{step.cpu_per_call:.2f}%/call, fps in/out {step.fps_in:.1f}/{step.fps_out:.1f} "
                 f"({step.frames_seen} calls reported), RTP out {step.wire_pps:.1f} pkt/s/call, "
@@ -517,13 +555,14 @@ def main() -> int:
         # The comparison means something where the pool held every call of the step.
         full = [s for s in results if s.held == s.calls] or results
         top = max(full, key=lambda s: s.calls)
-        top.baseline_per_call = baseline_per_call(top.calls, args.hold, work, args.resample_quality)
+        top.baseline_per_call = baseline_per_call(top.calls, args.hold, work, media)
     print(
-        "\nconcurrent calls with speech both ways (G.711 A-law caller, 16 kHz bridge, "
-        f"resample quality {args.resample_quality})"
+        f"\nconcurrent calls with speech both ways (G.711 A-law caller, "
+        f"{media.clock_rate // 1000} kHz bridge, resample quality {media.quality})"
     )
     print(
-        f"  {'calls':>5} {'held':>5} {'machine':>8} {'workers':>8} {'CPU/call':>9} {'C-only':>7} "
+        f"  {'calls':>5} {'held':>5} {'machine':>8} {'pool':>5} {'workers':>8} {'CPU/call':>9} "
+        f"{'C-only':>7} "
         f"{'ratio':>6} "
         f"{'fps in':>7} {'fps out':>8} {'wire':>6} {'p99 ms':>7} {'MiB/call':>9}"
     )
@@ -531,14 +570,17 @@ def main() -> int:
         base = f"{s.baseline_per_call:.2f}%" if s.baseline_per_call is not None else "-"
         ratio = f"{s.cpu_per_call / s.baseline_per_call:.1f}x" if s.baseline_per_call else "-"
         print(
-            f"  {s.calls:>5} {s.held:>5} {s.machine_busy:>7.0f}% {s.cpu_total:>7.0f}% "
+            f"  {s.calls:>5} {s.held:>5} {s.machine_busy:>7.0f}% {s.pool_busy:>4.0f}% "
+            f"{s.cpu_total:>7.0f}% "
             f"{s.cpu_per_call:>8.2f}% {base:>7} "
             f"{ratio:>6} {s.fps_in:>7.1f} {s.fps_out:>8.1f} {s.wire_pps:>6.1f} "
             f"{s.interval_p99_ms:>7.1f} "
             f"{s.rss_per_call_mb:>9.1f}"
         )
     print(
-        "  machine: busy share of all cores, SIPp and Kamailio included.\n"
+        "  machine: busy share of all cores, SIPp, tcpdump and this script included.\n"
+        "  pool: share of all cores taken by the pool's own processes (supervisor, workers,\n"
+        "  Kamailio).\n"
         "  workers, CPU/call: % of one core, per call above the idle pool.\n"
         "  fps: frames each call's media port moved (calls whose worker answered in time).\n"
         "  wire: RTP packets per second each call sent its caller.\n"

@@ -1,12 +1,15 @@
 """A C-only pjsua2 callee: the baseline that bench/capacity.py compares voicegate's CPU with.
 
-Same wheel, same settings as a voicegate worker (null sound device as the 20 ms clock, 16 kHz
-bridge, no VAD, 20 ms ptime, same codecs), but no Python on the frame path: each answered call
+Same wheel, same settings as a voicegate worker (null sound device as the 20 ms clock, the same
+bridge rate, no VAD, 20 ms ptime, same codecs), but no Python on the frame path: each answered call
 gets a looping WAV player (PJSIP's own port) as its outbound audio, and its inbound audio goes to
 the null playback device, so the conference bridge decodes, mixes and encodes it all in C. Python
 only answers calls. Run one per 4 calls:
 
     python bench/pjsua2_baseline.py --port 5200 --rtp 40000-40199 --wav agents/prompts/greeting.wav
+
+The WAV should be at the bridge's rate (``--clock-rate``), or the player adds a resampler that a
+worker does not have.
 """
 
 from __future__ import annotations
@@ -55,7 +58,9 @@ class Account(pj.Account):  # type: ignore[misc]
 
 
 class Baseline:
-    def __init__(self, port: int, rtp: tuple[int, int], wav: str, quality: int = 8) -> None:
+    def __init__(
+        self, port: int, rtp: tuple[int, int], wav: str, quality: int = 8, clock_rate: int = 16000
+    ) -> None:
         self.wav = wav
         self.calls: list[Call] = []
         self.ended: list[Call] = []
@@ -67,8 +72,8 @@ class Baseline:
         cfg.uaConfig.maxCalls = 4
         cfg.logConfig.level = 0
         cfg.logConfig.consoleLevel = 0
-        cfg.medConfig.clockRate = 16000
-        cfg.medConfig.sndClockRate = 16000
+        cfg.medConfig.clockRate = clock_rate
+        cfg.medConfig.sndClockRate = clock_rate
         cfg.medConfig.noVad = True
         cfg.medConfig.quality = quality
         cfg.medConfig.ptime = 20
@@ -114,9 +119,10 @@ def main() -> int:
     parser.add_argument("--rtp", required=True, help="LOW-HIGH")
     parser.add_argument("--wav", required=True)
     parser.add_argument("--quality", type=int, default=8, help="media.resample_quality")
+    parser.add_argument("--clock-rate", type=int, default=16000, help="media.clock_rate")
     args = parser.parse_args()
     low, high = (int(x) for x in args.rtp.split("-"))
-    Baseline(args.port, (low, high), args.wav, args.quality).run()
+    Baseline(args.port, (low, high), args.wav, args.quality, args.clock_rate).run()
     return 0
 
 
