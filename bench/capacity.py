@@ -212,7 +212,7 @@ def write_scenario(work: Path, call_s: float) -> Path:
 
 
 @dataclass(frozen=True)
-class MediaSettings:
+class BridgeMedia:
     """What the pool and the C-only baseline share: PJSIP's resample quality and bridge rate."""
 
     quality: int
@@ -271,7 +271,7 @@ def rtp_interval_p99_ms(work: Path, rtp: tuple[int, int], seconds: float) -> tup
 
 
 class Pool:
-    def __init__(self, work: Path, workers: int, media: MediaSettings) -> None:
+    def __init__(self, work: Path, workers: int, media: BridgeMedia) -> None:
         self.rtp = rtp_range(size=max(40, 8 * workers + 8))
         env = {
             "VOICEGATE_POOL_WORKERS": str(workers),
@@ -378,7 +378,7 @@ def measure_step(pool: Pool, calls: int, hold_s: float, work: Path, idle: dict[s
     )
 
 
-def baseline_per_call(calls: int, hold_s: float, work: Path, media: MediaSettings) -> float:
+def baseline_per_call(calls: int, hold_s: float, work: Path, media: BridgeMedia) -> float:
     """CPU per call (% of a core, above idle) of C-only pjsua2 callees behind their own Kamailio."""
     count = math.ceil(calls / 4)
     first = free_port_block(count)
@@ -520,7 +520,7 @@ def main() -> int:
         f"voicegate capacity: {workers} workers x 4 calls behind Kamailio, {os.cpu_count()} cores"
     )
     print(f"  work dir: {work}")
-    media = MediaSettings(args.resample_quality, args.clock_rate)
+    media = BridgeMedia(args.resample_quality, args.clock_rate)
     pool = Pool(work, workers, media)
     pool.start()
     results: list[Step] = []

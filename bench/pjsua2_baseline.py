@@ -59,7 +59,7 @@ class Account(pj.Account):  # type: ignore[misc]
 
 class Baseline:
     def __init__(
-        self, port: int, rtp: tuple[int, int], wav: str, quality: int = 8, clock_rate: int = 16000
+        self, port: int, rtp: tuple[int, int], wav: str, *, quality: int, clock_rate: int
     ) -> None:
         self.wav = wav
         self.calls: list[Call] = []
@@ -122,7 +122,9 @@ def main() -> int:
     parser.add_argument("--clock-rate", type=int, default=16000, help="media.clock_rate")
     args = parser.parse_args()
     low, high = (int(x) for x in args.rtp.split("-"))
-    Baseline(args.port, (low, high), args.wav, args.quality, args.clock_rate).run()
+    Baseline(
+        args.port, (low, high), args.wav, quality=args.quality, clock_rate=args.clock_rate
+    ).run()
     return 0
 
 
