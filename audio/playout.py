@@ -27,6 +27,12 @@ each one atomic step under the GIL, but a sequence of them is not, so the cut wo
 
 The media thread only writes its own counters and ``response.pulled``; asyncio reads them in
 :meth:`~Playout.poll` to report marks heard and responses drained.
+
+With a :class:`FrameRing` attached (:meth:`Playout.attach_ring`; voicegate's C media port,
+telephony.c_media_port), no Python runs on the media thread at all: asyncio moves whole frames
+into the ring, each tagged with a number, and the ring reports the tag of the last frame it
+played, from which ``response.pulled`` and the counters are set. ``interrupt`` cuts the ring,
+which says in the same step which frame played last, so ``heard_ms`` stays exact.
 """
 
 from __future__ import annotations
@@ -37,7 +43,8 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final
+from itertools import islice
+from typing import Final, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
@@ -101,6 +108,43 @@ class ResponseDrained:
 
 
 PlaybackEvent = MarkHeard | ResponseDrained
+
+
+@dataclass(frozen=True, slots=True)
+class RingStatus:
+    """What a :class:`FrameRing` has done since the call was attached to it."""
+
+    ticks: int  # media ticks seen (frames asked for, audio or silence)
+    played: int  # frames played from the ring
+    last_tag: int  # tag of the last frame played; 0 before the first
+    underruns: int  # dry spells while more audio was due
+    last_audio_ns: int  # time.monotonic_ns() clock at the last frame played
+    queued: int  # frames in the ring not yet played
+    accepted: int = 0  # frames the push that returned this status took
+
+
+class FrameRing(Protocol):
+    """A bounded ring of outbound frames that the media thread plays from, one per tick.
+
+    Every method returns None once the ring no longer serves this call (its port was given to
+    the next call): from then on nothing more of this call is played.
+    """
+
+    @property
+    def capacity(self) -> int:
+        """Frames the ring holds."""
+        ...
+
+    def push(self, pcm: bytes, first_tag: int, more_due: bool) -> RingStatus | None:
+        """Queue whole frames (as many as fit), tagged ``first_tag`` onwards; ``more_due`` says
+        whether more audio follows them (the ring running dry after them is an underrun)."""
+        ...
+
+    def cut(self) -> RingStatus | None:
+        """Drop every frame not played yet."""
+        ...
+
+    def status(self) -> RingStatus | None: ...
 
 
 class _State(enum.Enum):
@@ -198,6 +242,10 @@ class Playout:
         self.last_audio_pull_ns = 0  # clock_ns() at the last audio frame
         self._sounding = False
         self._in_pull = False
+        self._ring: FrameRing | None = None
+        self._in_ring: deque[tuple[int, _Response, int]] = deque()  # (tag, response, n)
+        self._next_tag = 1
+        self._ring_queued = 0
 
     # --- media clock thread -----------------------------------------------------------------
 
@@ -232,6 +280,54 @@ class Playout:
 
     # --- asyncio side -----------------------------------------------------------------------
 
+    def attach_ring(self, ring: FrameRing) -> None:
+        """Play through ``ring`` from now on instead of :meth:`pull`; attach before any audio."""
+        if self._queue or self._in_ring or self.audio_frames:
+            raise PlayoutError("attach_ring after audio was queued")
+        self._ring = ring
+
+    def feed(self) -> None:
+        """With a ring: learn what it played, then move queued frames into it (as many as fit).
+
+        :meth:`poll`, :meth:`admit` and :meth:`finish` call this; call it on its own only to push
+        audio sooner.
+        """
+        ring = self._ring
+        if ring is None:
+            return
+        queue = self._queue
+        # The ring only drains between two looks, so the room seen last time is a safe bound.
+        room = ring.capacity - self._ring_queued
+        if not queue or room <= 0:
+            status = ring.status()
+        else:
+            items = list(islice(queue, room))
+            first = self._next_tag
+            more_due = self._open is not None or len(queue) > len(items)
+            status = ring.push(b"".join(item[0] for item in items), first, more_due)
+            if status is not None:
+                in_ring = self._in_ring
+                for i in range(status.accepted):
+                    _, response, n = queue.popleft()
+                    in_ring.append((first + i, response, n))
+                self._next_tag = first + status.accepted
+        if status is not None:
+            self._apply(status)
+
+    def _apply(self, status: RingStatus) -> None:
+        in_ring = self._in_ring
+        last = status.last_tag
+        while in_ring and in_ring[0][0] <= last:
+            _, response, n = in_ring.popleft()
+            response.pulled = n
+        if status.played != self.audio_frames:
+            self.last_audio_pull = status.ticks
+        self.pulls = status.ticks
+        self.audio_frames = status.played
+        self.underruns = status.underruns
+        self.last_audio_pull_ns = status.last_audio_ns
+        self._ring_queued = status.queued
+
     @property
     def playing(self) -> str | None:
         """The response the caller is hearing or about to hear (begun, not drained or cut)."""
@@ -239,8 +335,8 @@ class Playout:
 
     @property
     def queued_ms(self) -> int:
-        """Audio waiting in the queue, in milliseconds (whole frames only)."""
-        return len(self._queue) * FRAME_MS
+        """Audio waiting to be played, in milliseconds (whole frames only)."""
+        return (len(self._queue) + len(self._in_ring)) * FRAME_MS
 
     def begin(self, response_id: str, generation: int) -> None:
         """Open ``response_id`` in ``generation``, which must be the current generation.
@@ -294,6 +390,7 @@ class Playout:
         response.in_samples += len(samples)
         converted = self._convert(response, samples)
         self._enqueue(response, response.tail + converted.astype(_PCM_DTYPE, copy=False).tobytes())
+        self.feed()
         return True
 
     def mark(self, response_id: str, mark_id: str) -> bool:
@@ -329,6 +426,7 @@ class Playout:
         response.state = _State.FINISHED
         response.resampler = None
         self._open = None
+        self.feed()
         return True
 
     def interrupt(self, new_generation: int) -> list[Interrupted]:
@@ -349,7 +447,13 @@ class Playout:
         for response in live:
             response.cut = True
         self._queue.clear()
-        if self._in_pull:
+        if self._ring is not None:
+            # The ring drops what it has not played and says, in the same step, what it has.
+            status = self._ring.cut()
+            if status is not None:
+                self._apply(status)
+            self._in_ring.clear()
+        elif self._in_pull:
             # A pull that took a frame just before the cut plays it; let it record that first.
             deadline = time.monotonic() + _PULL_WAIT_S
             while self._in_pull and time.monotonic() < deadline:
@@ -370,6 +474,7 @@ class Playout:
 
     def poll(self) -> list[PlaybackEvent]:
         """Marks heard and responses drained since the last poll, in the order they happened."""
+        self.feed()
         self._collect()
         events, self._events = self._events, []
         return events

@@ -271,7 +271,9 @@ def rtp_interval_p99_ms(work: Path, rtp: tuple[int, int], seconds: float) -> tup
 
 
 class Pool:
-    def __init__(self, work: Path, workers: int, media: BridgeMedia) -> None:
+    def __init__(
+        self, work: Path, workers: int, media: BridgeMedia, settings: dict[str, str]
+    ) -> None:
         self.rtp = rtp_range(size=max(40, 8 * workers + 8))
         env = {
             "VOICEGATE_POOL_WORKERS": str(workers),
@@ -286,6 +288,7 @@ class Pool:
             "VOICEGATE_POOL_START_TIMEOUT_S": "120",
             "VOICEGATE_MEDIA_RESAMPLE_QUALITY": str(media.quality),
             "VOICEGATE_MEDIA_CLOCK_RATE": str(media.clock_rate),
+            **settings,
         }
         self.server = Server(work / "pool", env_overrides=env)
         self.workers = workers
@@ -509,6 +512,14 @@ def main() -> int:
         "--clock-rate", type=int, choices=(8000, 16000), default=16000,
         help="media.clock_rate (the bridge's rate) for the pool and the baseline alike",
     )  # fmt: skip
+    parser.add_argument(
+        "--media-port", choices=("c", "python"), default="c",
+        help="media.port of the pool's workers (the baseline is C-only either way)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--tick-ms", type=int, choices=(20, 40, 60), default=40,
+        help="audio.tick_ms of the pool's workers",
+    )  # fmt: skip
     parser.add_argument("--work", help="keep logs and captures here (default: a temp dir)")
     args = parser.parse_args()
     steps = [int(x) for x in args.steps.split(",")]
@@ -521,7 +532,11 @@ def main() -> int:
     )
     print(f"  work dir: {work}")
     media = BridgeMedia(args.resample_quality, args.clock_rate)
-    pool = Pool(work, workers, media)
+    settings = {
+        "VOICEGATE_MEDIA_PORT": args.media_port,
+        "VOICEGATE_AUDIO_TICK_MS": str(args.tick_ms),
+    }
+    pool = Pool(work, workers, media, settings)
     pool.start()
     results: list[Step] = []
     try:
@@ -558,7 +573,8 @@ def main() -> int:
         top.baseline_per_call = baseline_per_call(top.calls, args.hold, work, media)
     print(
         f"\nconcurrent calls with speech both ways (G.711 A-law caller, "
-        f"{media.clock_rate // 1000} kHz bridge, resample quality {media.quality})"
+        f"{media.clock_rate // 1000} kHz bridge, resample quality {media.quality}; "
+        f"pool: {args.media_port} media port, {args.tick_ms} ms audio tick)"
     )
     print(
         f"  {'calls':>5} {'held':>5} {'machine':>8} {'pool':>5} {'workers':>8} {'CPU/call':>9} "

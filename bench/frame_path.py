@@ -2,9 +2,10 @@
 
 Prints figures, never passes or fails (STYLE.md; tests assert behaviour, benchmarks measure).
 
-    python bench/frame_path.py                 # micro figures + 4 concurrent SIPp calls, fast copy
+    python bench/frame_path.py                 # micro figures + 4 concurrent SIPp calls on the
+                                               # C media port, then on the Python port
     python bench/frame_path.py --calls 2 --duration 20 --compare
-                                               # also the same calls with the slow SWIG copy
+                                               # also the Python port with the slow SWIG copy
 
 The call figures start ``voicegate serve`` on free loopback ports with a temporary data directory,
 run N concurrent SIPp callers (each plays 7 s of A-law speech, sends DTMF and stays about 15 s),
@@ -27,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 import pjsua2 as pj  # noqa: E402
 
+from telephony.c_media_port import CPortLibrary, CRing  # noqa: E402
 from telephony.frame_copy import (  # noqa: E402
     fast_read,
     fast_read_frame,
@@ -70,9 +72,27 @@ def micro(rate: int) -> None:
         ("ring push (media thread, in)", lambda: channel.push_inbound(pcm), 100_000),
         ("playout pull (media thread, out)", channel.playout.pull, 100_000),
     ]
+    lib = CPortLibrary.load()
+    port = lib.new_port("bench", rate)
+    ring = CRing(lib, port, lib.vg.vg_port_attach(port), size)
+    out = bytes(size)
+    two = pcm * 2
+
+    def c_tick() -> None:
+        lib.vg.vg_port_tick(port, out, pcm)
+
+    def c_round() -> None:
+        # What asyncio does per 40 ms tick: two frames in, two caller frames out.
+        ring.push(two, 1, True)
+        ring.take()
+
+    rows += [
+        ("C port tick, both callbacks (ctypes)", c_tick, 100_000),
+        ("C ring: push 2 + take (asyncio, 40 ms)", c_round, 100_000),
+    ]
     print(f"  {rate} Hz, {size}-byte frame:")
     for label, fn, number in rows:
-        print(f"    {label:<34}{per_frame_us(fn, number):8.2f} us")
+        print(f"    {label:<42}{per_frame_us(fn, number):8.2f} us")
 
 
 def cpu_seconds(pid: int) -> float:
@@ -80,10 +100,11 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
 
 
-def calls_run(calls: int, duration: float, fast: bool, work: Path) -> None:
+def calls_run(calls: int, duration: float, port: str, fast: bool, work: Path) -> None:
     server = Server(
-        work / ("fast" if fast else "slow"),
+        work / f"{port}-{'fast' if fast else 'slow'}",
         env_overrides={
+            "VOICEGATE_MEDIA_PORT": port,
             "VOICEGATE_MEDIA_FAST_FRAME_COPY": "true" if fast else "false",
             "VOICEGATE_LOG_LEVEL": "warning",
         },
@@ -115,7 +136,11 @@ def calls_run(calls: int, duration: float, fast: bool, work: Path) -> None:
         cpu = cpu_seconds(pid) - cpu0
         wall = time.monotonic() - wall0
         busy = cpu - idle_rate * wall
-        label = "fast pointer copy" if fast else "naive SWIG copy"
+        label = (
+            "C media port"
+            if port == "c"
+            else f"Python port, {'fast pointer copy' if fast else 'naive SWIG copy'}"
+        )
         print(f"  {calls} concurrent calls, {label}:")
         print(
             f"    server CPU {cpu:.2f} s over {wall:.1f} s wall ({100 * cpu / wall:.1f}% of a core)"
@@ -137,7 +162,9 @@ def main() -> None:
     parser.add_argument(
         "--duration", type=float, default=30, help="seconds of calls (rounds of ~15 s)"
     )
-    parser.add_argument("--compare", action="store_true", help="also run with the slow copy")
+    parser.add_argument(
+        "--compare", action="store_true", help="also the Python port with the slow copy"
+    )
     parser.add_argument("--no-calls", action="store_true", help="micro figures only")
     args = parser.parse_args()
     if not 1 <= args.calls <= 4:
@@ -149,9 +176,10 @@ def main() -> None:
         return
     print("Server CPU with real SIPp calls (loopback):")
     with tempfile.TemporaryDirectory(prefix="vg-bench-") as tmp:
-        calls_run(args.calls, args.duration, True, Path(tmp))
+        calls_run(args.calls, args.duration, "c", True, Path(tmp))
+        calls_run(args.calls, args.duration, "python", True, Path(tmp))
         if args.compare:
-            calls_run(args.calls, args.duration, False, Path(tmp))
+            calls_run(args.calls, args.duration, "python", False, Path(tmp))
 
 
 if __name__ == "__main__":

@@ -138,6 +138,15 @@ class MediaSettings:
             "linearly; also the encoding effort of codecs that have one",
         ),
     )
+    port: str = field(
+        default="c",
+        metadata=key(
+            one_of("c", "python"),
+            "Each call's media port on the conference bridge: c (telephony/media_port.c, no "
+            "Python on PJSIP's media clock thread; used only with PJSIP 2.15.1 after a start-up "
+            "check, else python is used and logged) or python (pjsua2's AudioMediaPort)",
+        ),
+    )
     fast_frame_copy: bool = field(
         default=True,
         metadata=key(

@@ -26,6 +26,13 @@ import pjsua2 as pj
 from audio.playout import Playout
 from telephony import events as ev
 from telephony.admission import Admission
+from telephony.c_media_port import (
+    BridgeError,
+    CMediaPort,
+    CPortLibrary,
+    CPortUnavailable,
+    self_test,
+)
 from telephony.frame_copy import Copier, select_copier
 from telephony.media_bridge import MediaBridge, MediaChannel
 from telephony.media_health import MediaHealth
@@ -43,6 +50,10 @@ _IDLE_WAIT_MS = 1000
 # still call them back during the current tick (notes: "Lifetimes and the GIL").
 _GRAVEYARD_S = 2.0
 _CODEC_IDS = {"PCMU": "PCMU/8000/1", "PCMA": "PCMA/8000/1", "G722": "G722/16000/1"}
+
+
+# A port on the bridge: pjsua2's Python port, or the C one (telephony.c_media_port).
+MediaPort = MediaBridge | CMediaPort
 
 
 class TelephonyStartError(RuntimeError):
@@ -72,6 +83,7 @@ class EndpointConfig:
     playout_max_ms: int = 60_000
     health_poll_s: float = 0.2
     resample_quality: int = 8
+    media_port: str = "c"
 
 
 class _LogWriter(pj.LogWriter):  # type: ignore[misc]
@@ -112,7 +124,7 @@ class _Call(pj.Call):  # type: ignore[misc]
         self.accepted = False
         self.answered = False
         self.local_hangup = False
-        self.bridge: MediaBridge | None = None
+        self.bridge: MediaPort | None = None
         self.audio: Any = None
         self.media_index = -1
         self.held = False
@@ -181,9 +193,11 @@ class SipEndpoint:
         self._held: list[tuple[float, _Call, int]] = []
         # Ports of ended calls wait here a moment, then go back to the free pool. Every port runs
         # at the bridge's rate (media.clock_rate), so any free port serves any call.
-        self._graveyard: list[tuple[float, MediaBridge]] = []
-        self._free_ports: list[MediaBridge] = []
-        self._all_ports: list[MediaBridge] = []
+        self._graveyard: list[tuple[float, MediaPort]] = []
+        self._free_ports: list[MediaPort] = []
+        self._all_ports: list[MediaPort] = []
+        # Set when calls get C ports (media.port = "c" and the start-up check passed).
+        self._c_ports: tuple[CPortLibrary, int] | None = None
 
     # --- asyncio side -------------------------------------------------------------------------
 
@@ -232,7 +246,9 @@ class SipEndpoint:
         addresses = tuple(
             f"{proto}:{self.config.sip_address}:{self.config.sip_port}" for proto in ("udp", "tcp")
         )
-        self._post(ev.TransportsUp(addresses, self._copier.fast))
+        self._post(
+            ev.TransportsUp(addresses, self._copier.fast, "c" if self._c_ports else "python")
+        )
         self._ready.set()
         try:
             self._loop_until_stopped()
@@ -315,6 +331,8 @@ class SipEndpoint:
         self._copier = select_copier(pj.ByteVector, allow_fast=cfg.fast_copy)
         if not self._copier.fast and cfg.fast_copy:
             log.warning("fast frame copy failed verification; using the slow copy")
+        if cfg.media_port == "c":
+            self._start_c_ports()
         host = f"[{cfg.sip_address}]" if ipv6 else cfg.sip_address
         acc_cfg = pj.AccountConfig()
         acc_cfg.idUri = f"sip:voicegate@{host}:{cfg.sip_port}"
@@ -330,6 +348,26 @@ class SipEndpoint:
         acc_cfg.callConfig.timerMinSESec = 90
         self._account = _Account(self)
         self._account.create(acc_cfg, True)
+
+    def _start_c_ports(self) -> None:
+        """Use C ports if this build has them and two of them pass a frame across the bridge."""
+        rate = self.config.clock_rate
+        try:
+            lib = CPortLibrary.load()
+            pool = lib.pool("voicegate-ports")
+            pair = [CMediaPort(lib, pool, f"vg-{i}-{rate}", rate) for i in range(2)]
+            passed = self_test(lib, pair[0], pair[1])
+        except (CPortUnavailable, BridgeError, OSError) as exc:
+            log.warning("C media port unavailable, using the Python port: %s", exc)
+            return
+        if not passed:
+            log.warning("C media port failed its bridge check, using the Python port")
+            return
+        self._c_ports = (lib, pool)
+        for port in pair:
+            port.attach(MediaChannel(rate, inbound_frames=1))
+            self._all_ports.append(port)
+            self._free_ports.append(port)
 
     def _set_codec_priorities(self, ep: _Endpoint) -> None:
         wanted = {_CODEC_IDS[name]: 255 - i for i, name in enumerate(self.config.codecs)}
@@ -354,6 +392,9 @@ class SipEndpoint:
                 self._account.shutdown()
             self._account = None
             ports, self._all_ports = self._all_ports, []
+            # C ports are not freed (a few kB each): the bridge is gone, but a late ring call
+            # from asyncio may still read them, which their epoch makes harmless.
+            self._c_ports = None
             self._graveyard.clear()
             self._free_ports.clear()
             ep.libDestroy()
@@ -361,7 +402,8 @@ class SipEndpoint:
             # not unregister them again (~AudioMediaPort after libDestroy asserts), so they give
             # up ownership of their C++ objects before they are dropped.
             for port in ports:
-                port.thisown = False
+                if isinstance(port, MediaBridge):
+                    port.thisown = False
             del ports
         except pj.Error as exc:
             log.error("pjsua2 shutdown error: %s", exc.info())
@@ -497,18 +539,22 @@ class SipEndpoint:
                     )
                 )
 
-    def _borrow_port(self) -> MediaBridge:
+    def _borrow_port(self) -> MediaPort:
         rate = self.config.clock_rate
         channel = MediaChannel(rate, playout=Playout(rate, self.config.playout_max_ms))
+        port: MediaPort
         if self._free_ports:
             port = self._free_ports.pop()
             port.attach(channel)
             return port
-        assert self._copier is not None
-        port = MediaBridge(
-            f"vg-{len(self._all_ports)}-{rate}", channel, self._copier, self.thread_states
-        )
-        port.create()
+        name = f"vg-{len(self._all_ports)}-{rate}"
+        if self._c_ports is not None:
+            port = CMediaPort(*self._c_ports, name, rate)
+            port.attach(channel)
+        else:
+            assert self._copier is not None
+            port = MediaBridge(name, channel, self._copier, self.thread_states)
+            port.create()
         self._all_ports.append(port)
         return port
 
@@ -517,12 +563,8 @@ class SipEndpoint:
         call.bridge = call.audio = None
         if bridge is None:
             return
-        try:
-            if audio is not None:
-                audio.stopTransmit(bridge)
-                bridge.stopTransmit(audio)
-        except pj.Error:
-            pass  # the stream is already gone with the call
+        if audio is not None:
+            bridge.disconnect(audio)
         self._graveyard.append((time.monotonic() + _GRAVEYARD_S, bridge))
 
     def _on_media_state(self, call: _Call) -> None:
@@ -549,8 +591,7 @@ class SipEndpoint:
             # The call's AudioMedia can change on every media update (notes, "Media health"):
             # reconnect each time.
             call.audio = audio
-            audio.startTransmit(call.bridge)
-            call.bridge.startTransmit(audio)
+            call.bridge.connect(audio)
             self._post(
                 ev.MediaReady(call.call_id, str(stream.codecName), rate, call.bridge.channel)
             )

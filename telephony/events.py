@@ -22,6 +22,8 @@ class TransportsUp:
 
     addresses: tuple[str, ...]
     fast_copy: bool
+    media_port: str = "python"
+    """The media port calls get: "c" or "python" (telephony.c_media_port)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,13 +9,16 @@ side needs no lock. No numpy, no logging, no pjsua2 calls here.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pjsua2 as pj
 
 from audio.playout import Playout
 from telephony.frame_copy import Copier
 from telephony.thread_state import ThreadStatePins
+
+if TYPE_CHECKING:
+    from telephony.c_media_port import CRing
 
 FRAME_MS = 20
 
@@ -35,9 +38,13 @@ class MediaChannel:
 
     Keeping this apart from :class:`MediaBridge` means asyncio never holds a pjsua2 object: a port
     collected after ``libDestroy`` aborts the process, so only the SIP thread owns ports.
+
+    On a C port (telephony.c_media_port) the media thread touches none of this: the port's
+    :class:`~telephony.c_media_port.CRing` holds the frames in between, ``playout`` plays
+    through it, and :meth:`collect` moves caller frames from it into ``inbound``.
     """
 
-    __slots__ = ("frame_size", "inbound", "playout", "rate", "rx_frames", "rx_overflow")
+    __slots__ = ("frame_size", "inbound", "playout", "rate", "ring", "rx_frames", "rx_overflow")
 
     def __init__(
         self, rate: int, inbound_frames: int = 50, *, playout: Playout | None = None
@@ -49,6 +56,23 @@ class MediaChannel:
         # Written only by the media thread; read (racily but safely) by others.
         self.rx_frames = 0
         self.rx_overflow = 0
+        self.ring: CRing | None = None
+
+    def use_ring(self, ring: CRing) -> None:
+        """Take audio through a C port's ring from now on (before the call has any audio)."""
+        self.ring = ring
+        self.playout.attach_ring(ring)
+
+    def collect(self) -> None:
+        """asyncio, each tick: caller frames waiting in the C port's ring join ``inbound``."""
+        ring = self.ring
+        if ring is None:
+            return
+        frames = ring.take()
+        if frames:
+            self.inbound.extend(frames)
+            self.rx_frames = ring.rx_frames
+            self.rx_overflow = ring.rx_overflow
 
     def push_inbound(self, data: bytes) -> None:
         inbound = self.inbound
@@ -88,6 +112,18 @@ class MediaBridge(pj.AudioMediaPort):  # type: ignore[misc]
         self.channel = channel
         self._pull = channel.playout.pull
         self._push = channel.push_inbound
+
+    def connect(self, audio: Any) -> None:
+        """Both ways between this port and a call's ``pj.AudioMedia``."""
+        audio.startTransmit(self)
+        self.startTransmit(audio)
+
+    def disconnect(self, audio: Any) -> None:
+        try:
+            audio.stopTransmit(self)
+            self.stopTransmit(audio)
+        except pj.Error:
+            pass  # the stream is already gone with the call
 
     def create(self) -> None:
         """Register the port with the conference bridge. Call on the SIP thread."""

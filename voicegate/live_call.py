@@ -653,6 +653,7 @@ class LiveCall:
         channel = self.channel
         if channel is None:
             return
+        channel.collect()
         await self._drain_inbound(channel)
         playout = channel.playout
         metrics = self._services.metrics

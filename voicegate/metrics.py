@@ -73,6 +73,13 @@ class Metrics:
             registry=r,
             multiprocess_mode="livemin",
         )
+        self.c_media_port = Gauge(
+            "voicegate_c_media_port",
+            "1 if calls get the C media port (no Python on the media clock thread), 0 for "
+            "pjsua2's Python port",
+            registry=r,
+            multiprocess_mode="livemin",
+        )
         self.sessions_ended = Counter(
             "voicegate_sessions_ended_total",
             "Sessions that reached their terminal state, including reaped ones",

@@ -66,6 +66,7 @@ def endpoint_config(settings: Settings) -> EndpointConfig:
         user_agent=sip.user_agent,
         pjsip_log_level=settings.log.pjsip_level,
         fast_copy=media.fast_frame_copy,
+        media_port=media.port,
         gap_threshold_s=media.gap_threshold_s,
         session_expires_s=sip.session_expires_s,
         playout_max_ms=round(settings.audio.playout_max_s * 1000),
@@ -286,11 +287,15 @@ class Runtime:
 
     def _on_sip_event(self, event: ev.SipEvent) -> None:
         match event:
-            case ev.TransportsUp(addresses=addresses, fast_copy=fast):
+            case ev.TransportsUp(addresses=addresses, fast_copy=fast, media_port=port):
                 self.sip_ready = True
                 self.metrics.sip_ready.set(1)
                 self.metrics.fast_frame_copy.set(1 if fast else 0)
-                log.info("sip.ready", extra={"addresses": list(addresses), "fast_copy": fast})
+                self.metrics.c_media_port.set(1 if port == "c" else 0)
+                log.info(
+                    "sip.ready",
+                    extra={"addresses": list(addresses), "fast_copy": fast, "media_port": port},
+                )
             case ev.TransportsDown(reason=reason):
                 self.sip_ready = False
                 self.metrics.sip_ready.set(0)

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.integration.harness import Server, Sipp, wait_for
+import pytest
+
+from tests.integration.harness import ServerFactory, Sipp, wait_for
 from tests.integration.rtp_capture import Capture
 
 LOUD = 300.0  # RMS of a 20 ms A-law frame of prompt audio (silence decodes to +-8)
@@ -16,7 +18,13 @@ MIN_SPEECH_MS = 120
 JITTER_AND_TICKS_MS = 250
 
 
-def test_speech_over_the_greeting_cuts_it_for_good(server: Server, tmp_path: Path) -> None:
+# Both media ports: the C one (the default) and pjsua2's Python port it falls back to.
+@pytest.mark.parametrize("media_port", ["c", "python"])
+def test_speech_over_the_greeting_cuts_it_for_good(
+    server_factory: ServerFactory, tmp_path: Path, media_port: str
+) -> None:
+    server = server_factory(VOICEGATE_MEDIA_PORT=media_port)
+    assert server.metric("voicegate_c_media_port") == (1 if media_port == "c" else 0)
     capture = Capture(tmp_path / "rtp.pcap", server.rtp_min, server.rtp_max)
     try:
         sipp = Sipp("uac-barge-in.xml", server.sip_target, tmp_path)

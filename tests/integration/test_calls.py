@@ -156,6 +156,8 @@ def test_health_and_readiness(server: Server) -> None:
     assert server.metric("voicegate_sip_transports_up") == 1
     # The verified pointer copy is in use on this build of pjsua2.
     assert server.metric("voicegate_fast_frame_copy") == 1
+    # So is the C media port: built at install, and it passed its check on the bridge.
+    assert server.metric("voicegate_c_media_port") == 1
 
 
 def test_max_duration_deadline_ends_the_call_timed_out_with_a_notice(

@@ -1,0 +1,19 @@
+"""The one compiled part of voicegate: the C media port (telephony/media_port.c).
+
+It is a plain shared library loaded with ctypes (no Python C API), built as an optional
+extension: where no C compiler is found the install still succeeds and voicegate runs its Python
+media port instead (telephony/c_media_port.py says which one it uses, and why).
+"""
+
+from setuptools import Extension, setup
+
+setup(
+    ext_modules=[
+        Extension(
+            "telephony._media_port",
+            sources=["telephony/media_port.c"],
+            extra_compile_args=["-O2", "-std=c11", "-D_POSIX_C_SOURCE=200809L", "-Wall"],
+            optional=True,
+        )
+    ]
+)

@@ -1,0 +1,298 @@
+"""The C media port (``telephony/media_port.c``) from Python: loading, checking, and its two halves.
+
+With pjsua2's ``AudioMediaPort`` every media tick runs Python on PJSIP's clock thread, and on
+this machine that costs about a percent of a core per worker however little the callbacks do
+(README, "Benchmarks"). The C port's callbacks only copy frames into and out of two rings; asyncio
+moves frames in batches once per ``audio.tick_ms``:
+
+* :class:`CMediaPort` is the SIP thread's half: it registers the port with the conference bridge
+  and connects it to a call, through pjsua's C API (``pjsua_conf_add_port``, ``_connect``);
+* :class:`CRing` is asyncio's half: the :class:`~audio.playout.FrameRing` a call's playout plays
+  through, and the caller frames waiting for the inbound pipeline.
+
+The port is declared against PJSIP 2.15.1's structures, so it is only used with that release,
+after its layout check, and after :func:`self_test` has seen a frame cross the bridge between two
+of them; otherwise voicegate keeps its Python port (``media.port``, README).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.machinery
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+import pjsua2 as pj
+
+from audio.playout import RingStatus
+
+PJSIP_RELEASE = "2.15.1"
+# Outbound frames a port holds: more than the longest asyncio tick (60 ms) plus its lateness
+# under load. A cut empties it, so its size adds nothing to barge-in latency.
+OUT_FRAMES = 16
+# Caller frames held for asyncio: one second, as the Python port's deque.
+IN_FRAMES = 50
+
+_u64 = ctypes.c_uint64
+_u32 = ctypes.c_uint32
+_ptr = ctypes.c_void_p
+
+
+class _Status(ctypes.Structure):
+    # vg_status in media_port.c.
+    _fields_ = (
+        ("ticks", _u64),
+        ("played", _u64),
+        ("last_tag", _u64),
+        ("underruns", _u64),
+        ("last_audio_ns", _u64),
+        ("rx_frames", _u64),
+        ("rx_overflow", _u64),
+        ("out_queued", _u32),
+        ("in_queued", _u32),
+    )
+
+
+class RingUser(Protocol):
+    def use_ring(self, ring: CRing) -> None: ...
+
+
+class CPortUnavailable(RuntimeError):
+    """The C port cannot be used here; the message says why."""
+
+
+class BridgeError(RuntimeError):
+    """pjsua refused to add or connect a port (its status code is ``status``)."""
+
+    def __init__(self, what: str, status: int) -> None:
+        super().__init__(f"{what} failed with PJSIP status {status}")
+        self.status = status
+
+
+def _library_path() -> Path | None:
+    here = Path(__file__).parent
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        candidate = here / f"_media_port{suffix}"
+        if candidate.exists():
+            return candidate
+    return None
+
+
+class CPortLibrary:
+    """The compiled port and the few pjsua functions that wire it in."""
+
+    def __init__(self, port_library: Path, pjsua_library: str) -> None:
+        # PyDLL keeps the GIL across each call: they are short copies under the port's own lock,
+        # which the clock thread only ever holds for a copy, so nothing here waits on Python.
+        vg = ctypes.PyDLL(str(port_library))
+        vg.vg_port_new.restype = _ptr
+        vg.vg_port_new.argtypes = (ctypes.c_char_p, _ptr, _u32, _u32, _u32, _u32)
+        vg.vg_port_layout_ok.restype = ctypes.c_int
+        vg.vg_port_layout_ok.argtypes = (_ptr, _u32)
+        vg.vg_port_attach.restype = _u64
+        vg.vg_port_attach.argtypes = (_ptr,)
+        status_p = ctypes.POINTER(_Status)
+        vg.vg_port_push.restype = ctypes.c_int
+        vg.vg_port_push.argtypes = (_ptr, _u64, ctypes.c_char_p, _u32, _u64, ctypes.c_int, status_p)
+        vg.vg_port_cut.restype = ctypes.c_int
+        vg.vg_port_cut.argtypes = (_ptr, _u64, status_p)
+        vg.vg_port_take.restype = ctypes.c_int
+        vg.vg_port_take.argtypes = (_ptr, _u64, ctypes.c_char_p, _u32, status_p)
+        vg.vg_port_status.restype = ctypes.c_int
+        vg.vg_port_status.argtypes = (_ptr, _u64, status_p)
+        vg.vg_port_tick.restype = None
+        vg.vg_port_tick.argtypes = (_ptr, ctypes.c_char_p, ctypes.c_char_p)
+        self.vg = vg
+        # CDLL lets the GIL go: pjsua takes its own locks, and a Python port's callback may hold
+        # the bridge's while it waits for the GIL.
+        pjsua = ctypes.CDLL(pjsua_library)
+        pjsua.pj_get_version.restype = ctypes.c_char_p
+        pjsua.pj_get_version.argtypes = ()
+        pjsua.pjsua_pool_create.restype = _ptr
+        pjsua.pjsua_pool_create.argtypes = (ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t)
+        pjsua.pjsua_conf_add_port.restype = ctypes.c_int
+        pjsua.pjsua_conf_add_port.argtypes = (_ptr, _ptr, ctypes.POINTER(ctypes.c_int))
+        for name in ("pjsua_conf_connect", "pjsua_conf_disconnect"):
+            fn = getattr(pjsua, name)
+            fn.restype = ctypes.c_int
+            fn.argtypes = (ctypes.c_int, ctypes.c_int)
+        self.pjsua = pjsua
+        self._info_init = ctypes.cast(pjsua.pjmedia_port_info_init, _ptr).value
+
+    @classmethod
+    def load(cls) -> CPortLibrary:
+        """The library, or :class:`CPortUnavailable` saying what is missing."""
+        path = _library_path()
+        if path is None:
+            raise CPortUnavailable(
+                "telephony/_media_port was not built (no C compiler at install time?); "
+                "reinstall with gcc present"
+            )
+        lib = cls(path, pj._pjsua2.__file__)
+        version = (lib.pjsua.pj_get_version() or b"").decode()
+        if version != PJSIP_RELEASE:
+            raise CPortUnavailable(
+                f"the C port is declared for PJSIP {PJSIP_RELEASE}; this pjsua2 is {version}"
+            )
+        return lib
+
+    def new_port(self, name: str, rate: int) -> int:
+        """A new port of 20 ms mono frames at ``rate``, not yet on the bridge."""
+        frame_bytes = rate // 50 * 2
+        ptr = self.vg.vg_port_new(
+            name.encode(), self._info_init, rate, frame_bytes, OUT_FRAMES, IN_FRAMES
+        )
+        if not ptr:
+            raise CPortUnavailable(f"vg_port_new({name!r}, {rate}) failed")
+        if not self.vg.vg_port_layout_ok(ptr, rate):
+            raise CPortUnavailable("pjmedia_port_info is not laid out as media_port.c expects")
+        return int(ptr)
+
+    def pool(self, name: str) -> int:
+        """A pjsua memory pool for the bridge's bookkeeping of our ports (call after libInit)."""
+        pool = self.pjsua.pjsua_pool_create(name.encode(), 4096, 4096)
+        if not pool:
+            raise CPortUnavailable("pjsua_pool_create failed")
+        return int(pool)
+
+    def add_to_bridge(self, pool: int, port: int) -> int:
+        slot = ctypes.c_int(-1)
+        status = self.pjsua.pjsua_conf_add_port(pool, port, ctypes.byref(slot))
+        if status != 0:
+            raise BridgeError("pjsua_conf_add_port", status)
+        return slot.value
+
+    def connect(self, source: int, sink: int) -> None:
+        status = self.pjsua.pjsua_conf_connect(source, sink)
+        if status != 0:
+            raise BridgeError(f"pjsua_conf_connect({source}, {sink})", status)
+
+    def disconnect(self, source: int, sink: int) -> None:
+        # Failing here means the pair was not connected (the call's stream went first).
+        self.pjsua.pjsua_conf_disconnect(source, sink)
+
+
+class CRing:
+    """asyncio's half of one call on one C port: its outbound ring and its caller frames.
+
+    Every method answers None (or nothing) once the port serves another call: the port's epoch
+    moved on, so a late call from this one cannot touch the next caller's audio.
+    """
+
+    __slots__ = ("_buf", "_epoch", "_port", "_st", "_vg", "frame_bytes", "rx_frames", "rx_overflow")
+
+    def __init__(self, lib: CPortLibrary, port: int, epoch: int, frame_bytes: int) -> None:
+        self._vg = lib.vg
+        self._port = port
+        self._epoch = epoch
+        self.frame_bytes = frame_bytes
+        self._st = _Status()
+        self._buf = ctypes.create_string_buffer(IN_FRAMES * frame_bytes)
+        self.rx_frames = 0
+        self.rx_overflow = 0
+
+    @property
+    def capacity(self) -> int:
+        return OUT_FRAMES
+
+    def _status(self, accepted: int = 0) -> RingStatus:
+        st = self._st
+        self.rx_frames = st.rx_frames
+        self.rx_overflow = st.rx_overflow
+        return RingStatus(
+            st.ticks, st.played, st.last_tag, st.underruns, st.last_audio_ns, st.out_queued,
+            accepted,
+        )
+
+    def push(self, pcm: bytes, first_tag: int, more_due: bool) -> RingStatus | None:
+        n = len(pcm) // self.frame_bytes
+        taken = self._vg.vg_port_push(
+            self._port, self._epoch, pcm, n, first_tag, more_due, ctypes.byref(self._st)
+        )
+        return None if taken < 0 else self._status(taken)
+
+    def cut(self) -> RingStatus | None:
+        if self._vg.vg_port_cut(self._port, self._epoch, ctypes.byref(self._st)) < 0:
+            return None
+        return self._status()
+
+    def status(self) -> RingStatus | None:
+        if self._vg.vg_port_status(self._port, self._epoch, ctypes.byref(self._st)) < 0:
+            return None
+        return self._status()
+
+    def take(self) -> list[bytes]:
+        """The caller frames waiting, oldest first (none once the port serves another call)."""
+        n = self._vg.vg_port_take(
+            self._port, self._epoch, self._buf, IN_FRAMES, ctypes.byref(self._st)
+        )
+        if n <= 0:
+            return []
+        self._status()
+        fb = self.frame_bytes
+        raw = self._buf.raw[: n * fb]
+        return [raw[i * fb : (i + 1) * fb] for i in range(n)]
+
+
+class CMediaPort:
+    """A C port on the conference bridge, lent to one call at a time; owned by the SIP thread.
+
+    Like the Python port it is never removed from the bridge: it is reused call after call, and
+    :meth:`attach` hands the next call a fresh :class:`CRing`.
+    """
+
+    def __init__(self, lib: CPortLibrary, pool: int, name: str, rate: int) -> None:
+        self._lib = lib
+        self.name = name
+        self.rate = rate
+        self.frame_bytes = rate // 50 * 2
+        self.port = lib.new_port(name, rate)
+        self.slot = lib.add_to_bridge(pool, self.port)
+        self.channel: Any = None
+
+    def new_ring(self) -> CRing:
+        """Serve a new call from the next tick on: empty rings, and the old call's ring dead."""
+        epoch = self._lib.vg.vg_port_attach(self.port)
+        return CRing(self._lib, self.port, epoch, self.frame_bytes)
+
+    def attach(self, channel: RingUser) -> None:
+        """Serve ``channel`` from the next tick on."""
+        self.channel = channel
+        channel.use_ring(self.new_ring())
+
+    def connect(self, audio: Any) -> None:
+        """Both ways between this port and a call's ``pj.AudioMedia``."""
+        other = audio.getPortId()
+        self._lib.connect(other, self.slot)
+        self._lib.connect(self.slot, other)
+
+    def disconnect(self, audio: Any) -> None:
+        other = audio.getPortId()
+        self._lib.disconnect(other, self.slot)
+        self._lib.disconnect(self.slot, other)
+
+
+def self_test(lib: CPortLibrary, a: CMediaPort, b: CMediaPort, timeout_s: float = 2.0) -> bool:
+    """Whether frames pushed into ``a`` arrive unchanged at ``b`` through the running bridge.
+
+    This is the check the layout test cannot make: that PJSIP calls the port's callbacks where
+    media_port.c put them. Leaves both ports attached to nothing in particular and unconnected.
+    """
+    fb = a.frame_bytes
+    pattern = bytes((i * 7 + 3) & 0xFF for i in range(fb))
+    sender = a.new_ring()
+    receiver = b.new_ring()
+    lib.connect(a.slot, b.slot)
+    try:
+        sender.push(pattern * 3, 1, False)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if any(frame == pattern for frame in receiver.take()):
+                return True
+            time.sleep(0.01)
+        return False
+    finally:
+        lib.disconnect(a.slot, b.slot)
+        a.new_ring()
+        b.new_ring()

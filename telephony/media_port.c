@@ -1,0 +1,333 @@
+/*
+ * A pjmedia port whose frame callbacks run no Python: voicegate's per-call media port in C.
+ *
+ * PJSIP's conference clock calls get_frame and put_frame of every port of the process, serially,
+ * on one thread every 20 ms. A pjsua2 AudioMediaPort makes each of those a SWIG director call into
+ * Python, and on this machine the cost of taking the GIL on that thread is paid per tick in which
+ * any Python runs there (README, "Benchmarks"). This port instead keeps two rings of whole 20 ms
+ * frames; the clock thread only copies into and out of them, and the asyncio side moves frames in
+ * batches through the small API below (called from Python with ctypes).
+ *
+ * Outbound frames carry a tag chosen by the asyncio side; the port records the tag of the last
+ * frame it played, so the asyncio side learns exactly which frames the caller has heard. cut()
+ * empties the outbound ring under the lock and returns that tag: nothing queued before it plays
+ * after it, which is the playback-generation guarantee for barge-in, disconnect and transfer.
+ *
+ * The port is reused call after call and never freed: attach() starts a new epoch, and every call
+ * made with an older epoch (a call that ended, seen late by asyncio) is refused with -1.
+ *
+ * The pjmedia structures are declared here by hand for the one PJSIP release voicegate is pinned
+ * to (pjsua2-python 2.15.1, x86-64 / aarch64 LP64). vg_port_layout_ok() and the Python side check
+ * them at start-up, and voicegate falls back to its Python port if anything disagrees.
+ */
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* --- pjmedia 2.15.1 declarations (pjmedia/port.h, format.h, frame.h) ------------------------ */
+
+typedef struct {
+    char *ptr;
+    long slen;
+} pj_str;
+
+typedef struct {
+    uint32_t clock_rate, channel_count, frame_time_usec, bits_per_sample, avg_bps, max_bps;
+} pjm_audio_detail;
+
+typedef struct {
+    uint32_t id;
+    int type;
+    int detail_type;
+    union {
+        pjm_audio_detail aud;
+        uint32_t vid[6];
+        char user[1];
+    } det;
+} pjm_format;
+
+typedef struct {
+    pj_str name;
+    uint32_t signature;
+    int dir;
+    pjm_format fmt;
+} pjm_port_info;
+
+enum { PJM_FRAME_NONE = 0, PJM_FRAME_AUDIO = 1 };
+
+typedef struct {
+    int type;
+    void *buf;
+    size_t size;
+    uint64_t timestamp;
+    uint32_t bit_info;
+} pjm_frame;
+
+typedef struct pjm_port pjm_port;
+struct pjm_port {
+    pjm_port_info info;
+    struct {
+        void *pdata;
+        long ldata;
+    } port_data;
+    void *grp_lock;
+    void *(*get_clock_src)(pjm_port *, int);
+    int (*put_frame)(pjm_port *, pjm_frame *);
+    int (*get_frame)(pjm_port *, pjm_frame *);
+    int (*on_destroy)(pjm_port *);
+};
+
+typedef int (*port_info_init_fn)(pjm_port_info *, const pj_str *, unsigned, unsigned, unsigned,
+                                 unsigned, unsigned);
+
+/* --- the port ------------------------------------------------------------------------------- */
+
+/* What the asyncio side reads back; field order is mirrored in telephony/c_media_port.py. */
+typedef struct {
+    uint64_t ticks;        /* get_frame calls this epoch: the media ticks seen */
+    uint64_t played;       /* outbound frames played this epoch */
+    uint64_t last_tag;     /* tag of the last outbound frame played (0: none yet) */
+    uint64_t underruns;    /* dry spells: the ring ran out right after audio while more was due */
+    uint64_t last_audio_ns; /* CLOCK_MONOTONIC at the last outbound frame played */
+    uint64_t rx_frames;    /* caller frames received this epoch */
+    uint64_t rx_overflow;  /* caller frames dropped because the asyncio side fell behind */
+    uint32_t out_queued;   /* outbound frames waiting in the ring */
+    uint32_t in_queued;    /* caller frames waiting in the ring */
+} vg_status;
+
+typedef struct {
+    pjm_port base; /* first: PJSIP's pointer to the port is a pointer to this */
+    pthread_mutex_t lock;
+    char name[48];
+    uint32_t frame_bytes;
+    uint64_t epoch;
+    uint8_t *out_buf;
+    uint64_t *out_tags;
+    uint32_t out_cap, out_head, out_len;
+    uint8_t *in_buf;
+    uint32_t in_cap, in_head, in_len;
+    int sounding;
+    int more_due;
+    vg_status st;
+} vg_port;
+
+static uint64_t monotonic_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Clock thread: the next outbound frame, or silence. Always audio, as the Python port did, so the
+ * call's stream sends a packet every tick whatever the agent does. */
+static int vg_get_frame(pjm_port *base, pjm_frame *frame) {
+    vg_port *p = (vg_port *)base;
+    size_t n = p->frame_bytes;
+    if (frame->size < n)
+        n = frame->size;
+    pthread_mutex_lock(&p->lock);
+    p->st.ticks++;
+    if (p->out_len) {
+        memcpy(frame->buf, p->out_buf + (size_t)p->out_head * p->frame_bytes, n);
+        p->st.last_tag = p->out_tags[p->out_head];
+        p->out_head = (p->out_head + 1) % p->out_cap;
+        p->out_len--;
+        p->st.played++;
+        p->st.last_audio_ns = monotonic_ns();
+        p->sounding = 1;
+    } else {
+        memset(frame->buf, 0, n);
+        if (p->sounding && p->more_due)
+            p->st.underruns++;
+        p->sounding = 0;
+    }
+    pthread_mutex_unlock(&p->lock);
+    frame->type = PJM_FRAME_AUDIO;
+    frame->size = n;
+    return 0;
+}
+
+/* Clock thread: one frame of the caller. The bridge also sends an empty frame every tick to a
+ * port nothing transmits to; that is not caller audio. */
+static int vg_put_frame(pjm_port *base, pjm_frame *frame) {
+    vg_port *p = (vg_port *)base;
+    if (frame->type != PJM_FRAME_AUDIO || frame->size != p->frame_bytes)
+        return 0;
+    pthread_mutex_lock(&p->lock);
+    uint32_t slot;
+    if (p->in_len == p->in_cap) {
+        /* Keep the newest second of audio: drop the oldest frame. */
+        slot = p->in_head;
+        p->in_head = (p->in_head + 1) % p->in_cap;
+        p->st.rx_overflow++;
+    } else {
+        slot = (p->in_head + p->in_len) % p->in_cap;
+        p->in_len++;
+    }
+    memcpy(p->in_buf + (size_t)slot * p->frame_bytes, frame->buf, p->frame_bytes);
+    p->st.rx_frames++;
+    pthread_mutex_unlock(&p->lock);
+    return 0;
+}
+
+/* --- the asyncio side's API ------------------------------------------------------------------ */
+
+/* A new port of frame_bytes-byte frames holding out_cap outbound and in_cap caller frames, with
+ * its pjmedia info filled by PJSIP's own pjmedia_port_info_init. NULL on bad arguments or when
+ * out of memory. */
+void *vg_port_new(const char *name, void *info_init, uint32_t clock_rate, uint32_t frame_bytes,
+                  uint32_t out_cap, uint32_t in_cap) {
+    if (!info_init || !clock_rate || frame_bytes < 2 || frame_bytes % 2 || !out_cap || !in_cap)
+        return NULL;
+    vg_port *p = calloc(1, sizeof(*p));
+    if (!p)
+        return NULL;
+    p->out_buf = calloc(out_cap, frame_bytes);
+    p->out_tags = calloc(out_cap, sizeof(uint64_t));
+    p->in_buf = calloc(in_cap, frame_bytes);
+    if (!p->out_buf || !p->out_tags || !p->in_buf || pthread_mutex_init(&p->lock, NULL)) {
+        free(p->out_buf);
+        free(p->out_tags);
+        free(p->in_buf);
+        free(p);
+        return NULL;
+    }
+    strncpy(p->name, name, sizeof(p->name) - 1);
+    p->frame_bytes = frame_bytes;
+    p->out_cap = out_cap;
+    p->in_cap = in_cap;
+    pj_str pname = {p->name, (long)strlen(p->name)};
+    /* 'V','G','P','T': PJMEDIA_SIGNATURE-style four characters of our own. */
+    uint32_t signature = ((uint32_t)'V' << 24) | ((uint32_t)'G' << 16) | ('P' << 8) | 'T';
+    ((port_info_init_fn)info_init)(&p->base.info, &pname, signature, clock_rate, 1, 16,
+                                   frame_bytes / 2);
+    p->base.put_frame = vg_put_frame;
+    p->base.get_frame = vg_get_frame;
+    return p;
+}
+
+/* Whether PJSIP filled the info where this file expects it: the audio format of a 20 ms mono
+ * 16-bit port at clock_rate. */
+int vg_port_layout_ok(void *port, uint32_t clock_rate) {
+    vg_port *p = port;
+    const pjm_audio_detail *aud = &p->base.info.fmt.det.aud;
+    return p->base.info.name.ptr == p->name && aud->clock_rate == clock_rate &&
+           aud->channel_count == 1 && aud->bits_per_sample == 16 &&
+           aud->frame_time_usec == p->frame_bytes / 2 * 1000000u / clock_rate &&
+           offsetof(pjm_port, port_data) == 64 && offsetof(pjm_port, put_frame) == 96 &&
+           offsetof(pjm_port, get_frame) == 104 && sizeof(pjm_frame) == 40;
+}
+
+/* Serve a new call from the next tick on: empty both rings, zero the counters, and return the
+ * new epoch every later call must give. */
+uint64_t vg_port_attach(void *port) {
+    vg_port *p = port;
+    pthread_mutex_lock(&p->lock);
+    uint64_t epoch = ++p->epoch;
+    p->out_head = p->out_len = p->in_head = p->in_len = 0;
+    p->sounding = p->more_due = 0;
+    memset(&p->st, 0, sizeof(p->st));
+    pthread_mutex_unlock(&p->lock);
+    return epoch;
+}
+
+static void fill_status(vg_port *p, vg_status *out) {
+    if (out) {
+        *out = p->st;
+        out->out_queued = p->out_len;
+        out->in_queued = p->in_len;
+    }
+}
+
+/* Queue up to n frames (n * frame_bytes bytes at pcm) tagged first_tag, first_tag + 1, ...; say
+ * whether more audio is due after them (so a ring that runs dry counts as an underrun). Returns
+ * the frames queued (fewer when the ring is full), or -1 for a stale epoch. */
+int vg_port_push(void *port, uint64_t epoch, const uint8_t *pcm, uint32_t n, uint64_t first_tag,
+                 int more_due, vg_status *out) {
+    vg_port *p = port;
+    pthread_mutex_lock(&p->lock);
+    if (epoch != p->epoch) {
+        pthread_mutex_unlock(&p->lock);
+        return -1;
+    }
+    uint32_t room = p->out_cap - p->out_len;
+    uint32_t take = n < room ? n : room;
+    for (uint32_t i = 0; i < take; i++) {
+        uint32_t slot = (p->out_head + p->out_len) % p->out_cap;
+        memcpy(p->out_buf + (size_t)slot * p->frame_bytes, pcm + (size_t)i * p->frame_bytes,
+               p->frame_bytes);
+        p->out_tags[slot] = first_tag + i;
+        p->out_len++;
+    }
+    p->more_due = more_due;
+    fill_status(p, out);
+    pthread_mutex_unlock(&p->lock);
+    return (int)take;
+}
+
+/* Drop every outbound frame not yet played; the status says which one played last. 0, or -1 for
+ * a stale epoch. */
+int vg_port_cut(void *port, uint64_t epoch, vg_status *out) {
+    vg_port *p = port;
+    pthread_mutex_lock(&p->lock);
+    if (epoch != p->epoch) {
+        pthread_mutex_unlock(&p->lock);
+        return -1;
+    }
+    p->out_head = p->out_len = 0;
+    p->more_due = 0;
+    p->sounding = 0;
+    fill_status(p, out);
+    pthread_mutex_unlock(&p->lock);
+    return 0;
+}
+
+/* Move up to max caller frames, oldest first, to dst (max * frame_bytes bytes). Returns the
+ * frames moved, or -1 for a stale epoch. */
+int vg_port_take(void *port, uint64_t epoch, uint8_t *dst, uint32_t max, vg_status *out) {
+    vg_port *p = port;
+    pthread_mutex_lock(&p->lock);
+    if (epoch != p->epoch) {
+        pthread_mutex_unlock(&p->lock);
+        return -1;
+    }
+    uint32_t n = p->in_len < max ? p->in_len : max;
+    for (uint32_t i = 0; i < n; i++) {
+        memcpy(dst + (size_t)i * p->frame_bytes, p->in_buf + (size_t)p->in_head * p->frame_bytes,
+               p->frame_bytes);
+        p->in_head = (p->in_head + 1) % p->in_cap;
+    }
+    p->in_len -= n;
+    fill_status(p, out);
+    pthread_mutex_unlock(&p->lock);
+    return (int)n;
+}
+
+/* The counters alone. 0, or -1 for a stale epoch. */
+int vg_port_status(void *port, uint64_t epoch, vg_status *out) {
+    vg_port *p = port;
+    pthread_mutex_lock(&p->lock);
+    int rc = epoch == p->epoch ? 0 : -1;
+    if (rc == 0)
+        fill_status(p, out);
+    pthread_mutex_unlock(&p->lock);
+    return rc;
+}
+
+/* For tests without a conference bridge: run the clock's two callbacks once each, as the bridge
+ * does every tick, with an outbound buffer of frame_bytes bytes at out (NULL: a heartbeat only) and
+ * caller audio at in (NULL: the empty frame of a port nothing transmits to). */
+void vg_port_tick(void *port, uint8_t *out, const uint8_t *in) {
+    vg_port *p = port;
+    pjm_frame f = {PJM_FRAME_NONE, NULL, 0, 0, 0};
+    if (out) {
+        f.buf = out;
+        f.size = p->frame_bytes;
+        p->base.get_frame(&p->base, &f);
+    }
+    pjm_frame g = {in ? PJM_FRAME_AUDIO : PJM_FRAME_NONE, (void *)in, in ? p->frame_bytes : 0, 0,
+                   0};
+    p->base.put_frame(&p->base, &g);
+}
