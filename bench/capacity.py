@@ -47,6 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from audio.prompts import PromptLibrary, default_prompts_dir  # noqa: E402
+from config.settings import AudioSettings  # noqa: E402
 from tests.integration.harness import (  # noqa: E402
     Server,
     Sipp,
@@ -517,8 +518,8 @@ def main() -> int:
         help="media.port of the pool's workers (the baseline is C-only either way)",
     )  # fmt: skip
     parser.add_argument(
-        "--tick-ms", type=int, choices=(20, 40, 60), default=40,
-        help="audio.tick_ms of the pool's workers",
+        "--tick-ms", type=int, choices=(20, 40, 60), default=AudioSettings().tick_ms,
+        help="audio.tick_ms of the pool's workers (default: voicegate's)",
     )  # fmt: skip
     parser.add_argument("--work", help="keep logs and captures here (default: a temp dir)")
     args = parser.parse_args()

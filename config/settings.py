@@ -177,7 +177,7 @@ class AudioSettings:
         metadata=key(int_choice(8000, 16000), "Sample rate of the audio agents receive, in Hz"),
     )
     tick_ms: int = field(
-        default=40,
+        default=60,
         metadata=key(
             int_choice(20, 40, 60),
             "How often each call's caller audio is taken through VAD and barge-in to the agent, "

@@ -13,7 +13,8 @@ from tests.integration.rtp_capture import Capture
 LOUD = 300.0  # RMS of a 20 ms A-law frame of prompt audio (silence decodes to +-8)
 VOICE = 60.0  # RMS from which the caller's capture counts as speech (its lead-in is +-8)
 # Configured: speech must last audio.barge_in_min_speech_ms (120) after the VAD's onset (60 ms)
-# before the cut. On top come SIPp's 20 ms packets, PJSIP's jitter buffer and the 20 ms tick.
+# before the cut. On top come SIPp's 20 ms packets, PJSIP's jitter buffer and the audio tick
+# (audio.tick_ms, 60 ms), which batches the frames VAD sees.
 MIN_SPEECH_MS = 120
 JITTER_AND_TICKS_MS = 250
 
