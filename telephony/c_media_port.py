@@ -231,7 +231,7 @@ class CRing:
             return []
         self._status()
         fb = self.frame_bytes
-        raw = self._buf.raw[: n * fb]
+        raw = ctypes.string_at(self._buf, n * fb)  # only the frames taken, not the whole buffer
         return [raw[i * fb : (i + 1) * fb] for i in range(n)]
 
 

@@ -241,17 +241,24 @@ static void fill_status(vg_port *p, vg_status *out) {
     }
 }
 
+/* Take the port's lock for a call of this epoch: 1 with the lock held, or 0 (lock released) when
+ * the port already serves another call. */
+static int lock_epoch(vg_port *p, uint64_t epoch) {
+    pthread_mutex_lock(&p->lock);
+    if (epoch == p->epoch)
+        return 1;
+    pthread_mutex_unlock(&p->lock);
+    return 0;
+}
+
 /* Queue up to n frames (n * frame_bytes bytes at pcm) tagged first_tag, first_tag + 1, ...; say
  * whether more audio is due after them (so a ring that runs dry counts as an underrun). Returns
  * the frames queued (fewer when the ring is full), or -1 for a stale epoch. */
 int vg_port_push(void *port, uint64_t epoch, const uint8_t *pcm, uint32_t n, uint64_t first_tag,
                  int more_due, vg_status *out) {
     vg_port *p = port;
-    pthread_mutex_lock(&p->lock);
-    if (epoch != p->epoch) {
-        pthread_mutex_unlock(&p->lock);
+    if (!lock_epoch(p, epoch))
         return -1;
-    }
     uint32_t room = p->out_cap - p->out_len;
     uint32_t take = n < room ? n : room;
     for (uint32_t i = 0; i < take; i++) {
@@ -271,11 +278,8 @@ int vg_port_push(void *port, uint64_t epoch, const uint8_t *pcm, uint32_t n, uin
  * a stale epoch. */
 int vg_port_cut(void *port, uint64_t epoch, vg_status *out) {
     vg_port *p = port;
-    pthread_mutex_lock(&p->lock);
-    if (epoch != p->epoch) {
-        pthread_mutex_unlock(&p->lock);
+    if (!lock_epoch(p, epoch))
         return -1;
-    }
     p->out_head = p->out_len = 0;
     p->more_due = 0;
     p->sounding = 0;
@@ -288,11 +292,8 @@ int vg_port_cut(void *port, uint64_t epoch, vg_status *out) {
  * frames moved, or -1 for a stale epoch. */
 int vg_port_take(void *port, uint64_t epoch, uint8_t *dst, uint32_t max, vg_status *out) {
     vg_port *p = port;
-    pthread_mutex_lock(&p->lock);
-    if (epoch != p->epoch) {
-        pthread_mutex_unlock(&p->lock);
+    if (!lock_epoch(p, epoch))
         return -1;
-    }
     uint32_t n = p->in_len < max ? p->in_len : max;
     for (uint32_t i = 0; i < n; i++) {
         memcpy(dst + (size_t)i * p->frame_bytes, p->in_buf + (size_t)p->in_head * p->frame_bytes,
@@ -308,12 +309,11 @@ int vg_port_take(void *port, uint64_t epoch, uint8_t *dst, uint32_t max, vg_stat
 /* The counters alone. 0, or -1 for a stale epoch. */
 int vg_port_status(void *port, uint64_t epoch, vg_status *out) {
     vg_port *p = port;
-    pthread_mutex_lock(&p->lock);
-    int rc = epoch == p->epoch ? 0 : -1;
-    if (rc == 0)
-        fill_status(p, out);
+    if (!lock_epoch(p, epoch))
+        return -1;
+    fill_status(p, out);
     pthread_mutex_unlock(&p->lock);
-    return rc;
+    return 0;
 }
 
 /* For tests without a conference bridge: run the clock's two callbacks once each, as the bridge

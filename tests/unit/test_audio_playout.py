@@ -289,7 +289,10 @@ class PlayoutMachine(RuleBasedStateMachine):
                 if self.open is not None:
                     self.underruns += 1
             return
-        rid, expected = self.queue.popleft()
+        self.played(frame, *self.queue.popleft())
+
+    def played(self, frame: bytes, rid: str, expected: bytes) -> None:
+        """A frame the media tick played, which the model expected as ``rid``'s next."""
         assert frame == expected
         # The frame's own audio says whose it is: never a response of another generation, never
         # one already interrupted.

@@ -240,14 +240,7 @@ class RingPlayoutMachine(PlayoutMachine):
                 if self.more_due:
                     self.underruns += 1
             return
-        rid, expected = self.ring.popleft()
-        assert frame == expected
-        m = self.responses[rid]
-        assert owner(frame) == m.number
-        assert m.generation == self.generation
-        assert m.state in ("open", "finished")
-        m.pulled += 1
-        self.sounding = True
+        self.played(frame, *self.ring.popleft())
 
 
 RingPlayoutMachine.TestCase.settings = settings(
