@@ -57,8 +57,8 @@ from tests.integration.harness import (  # noqa: E402
     wait_for,
 )
 from tests.integration.rtp_capture import Capture  # noqa: E402
-from voicegate.front_door import find_executable  # noqa: E402
-from voicegate.kamailio_config import (  # noqa: E402
+from voicegate.pool.front_door import find_executable  # noqa: E402
+from voicegate.pool.kamailio_config import (  # noqa: E402
     FrontDoor,
     render_config,
     render_dispatcher_list,

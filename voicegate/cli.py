@@ -15,14 +15,14 @@ from config import ConfigError, Settings, load_settings
 from config.rules import Invalid, name_token
 from config.workers import worker_settings, worker_slots
 from telephony.endpoint import TelephonyStartError
-from voicegate.front_door import front_door_for
-from voicegate.http_api import make_app
-from voicegate.kamailio_config import render_config, render_dispatcher_list
-from voicegate.logs import setup_logging
-from voicegate.pool_api import make_pool_app
+from voicegate.control.http_api import make_app
+from voicegate.control.pool_api import make_pool_app
+from voicegate.observe.logs import setup_logging
+from voicegate.pool.front_door import front_door_for
+from voicegate.pool.kamailio_config import render_config, render_dispatcher_list
+from voicegate.pool.supervisor import Supervisor, SupervisorStartError
 from voicegate.runtime import Runtime
 from voicegate.signals import stop_signals
-from voicegate.supervisor import Supervisor, SupervisorStartError
 
 log = logging.getLogger("voicegate")
 

@@ -2,7 +2,7 @@
 
 The runtime routes what the SIP thread reports to the call it concerns, ticks every live call every
 ``audio.tick_ms``, and runs the staged shutdown. It holds no business logic: a call's outcome is
-decided by its :class:`~voicegate.live_call.LiveCall`.
+decided by its :class:`~voicegate.call.live_call.LiveCall`.
 """
 
 from __future__ import annotations
@@ -31,15 +31,15 @@ from session import effects as fx
 from session.reaper import reap_predecessors, reap_stale
 from session.state import Policy
 from session.store import SessionStore
-from session.store_sqlite import SqliteSessionStore
+from session.store.sqlite import SqliteSessionStore
 from telephony import events as ev
 from telephony.endpoint import EndpointConfig, SipEndpoint
 from telephony.sip_message import mask_uri
+from voicegate.call.live_call import CallPhase, HangupPlan, LiveCall
 from voicegate.faults import Faults
-from voicegate.live_call import CallPhase, HangupPlan, LiveCall
-from voicegate.metrics import Metrics
-from voicegate.startup_reconcile import settle_predecessors
-from voicegate.tool_client import ToolClient
+from voicegate.observe.metrics import Metrics
+from voicegate.tools.client import ToolClient
+from voicegate.tools.startup_reconcile import settle_predecessors
 
 log = logging.getLogger("voicegate.runtime")
 

@@ -243,7 +243,7 @@ class Server:
 
     def stored_sessions(self) -> list[dict[str, Any]]:
         """Read the store file directly (the server may be down): session summaries."""
-        from session.store_sqlite import SqliteSessionStore
+        from session.store.sqlite import SqliteSessionStore
 
         store = SqliteSessionStore(self.data_dir / "voicegate.sqlite3")
         try:

@@ -20,11 +20,11 @@ from session import effects as fx
 from session import events as sev
 from session.durable import DurableSession
 from session.store import SessionStore
-from session.store_sqlite import SqliteSessionStore
-from voicegate.call_tools import CallTools, ToolDone, ToolRefused
+from session.store.sqlite import SqliteSessionStore
 from voicegate.faults import Faults
-from voicegate.metrics import Metrics
-from voicegate.tool_client import ToolClient
+from voicegate.observe.metrics import Metrics
+from voicegate.tools.call_tools import CallTools, ToolDone, ToolRefused
+from voicegate.tools.client import ToolClient
 
 
 @dataclass

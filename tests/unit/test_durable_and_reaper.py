@@ -17,7 +17,7 @@ from session.machine import IllegalTransition
 from session.reaper import REASON_PREDECESSOR, reap_one, reap_predecessors, reap_stale
 from session.state import SessionState
 from session.store import Lease, LeaseLost, SequenceConflict, SessionFinished
-from session.store_sqlite import SqliteSessionStore
+from session.store.sqlite import SqliteSessionStore
 
 
 @pytest.fixture

@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from voicegate.front_door import find_executable
-from voicegate.kamailio_config import FrontDoor, render_config, render_dispatcher_list
+from voicegate.pool.front_door import find_executable
+from voicegate.pool.kamailio_config import FrontDoor, render_config, render_dispatcher_list
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy" / "kamailio"

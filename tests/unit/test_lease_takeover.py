@@ -24,13 +24,13 @@ from session import events as sev
 from session.durable import DurableSession
 from session.reaper import reap_predecessors
 from session.store import Lease, LeaseLost, SessionStore, ToolIntent, ToolReceipt
-from session.store_sqlite import SqliteSessionStore
+from session.store.sqlite import SqliteSessionStore
 from telephony import events as ev
+from voicegate.call.live_call import CallPhase, LiveCall
 from voicegate.faults import Faults
-from voicegate.live_call import CallPhase, LiveCall
-from voicegate.metrics import Metrics
-from voicegate.startup_reconcile import settle_predecessors
-from voicegate.tool_client import ToolOutcome
+from voicegate.observe.metrics import Metrics
+from voicegate.tools.client import ToolOutcome
+from voicegate.tools.startup_reconcile import settle_predecessors
 
 DEAD = "worker-0/dead"
 ME = "worker-0/me"

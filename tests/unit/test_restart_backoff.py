@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from voicegate.supervisor import MIN_REPEAT_BACKOFF_S, STABLE_AFTER_S, next_backoff
+from voicegate.pool.supervisor import MIN_REPEAT_BACKOFF_S, STABLE_AFTER_S, next_backoff
 
 
 def deaths(count: int, up_s: float, base_s: float = 0.5, cap_s: float = 30.0) -> list[float]:

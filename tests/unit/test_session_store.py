@@ -35,7 +35,7 @@ from session.store import (
     UnknownIntent,
     UnknownSession,
 )
-from session.store_sqlite import SCHEMA_VERSION, SqliteSessionStore
+from session.store.sqlite import SCHEMA_VERSION, SqliteSessionStore
 
 OWNER = "worker-a/5d0c7f0e"
 LEASE = Lease(OWNER, 1)  # what create hands OWNER

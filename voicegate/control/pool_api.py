@@ -15,8 +15,8 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest, multiprocess
 
-from voicegate.http_api import add_sessions_routes, json_error, prometheus_response
-from voicegate.supervisor import Supervisor, Worker, WorkerState
+from voicegate.control.http_api import add_sessions_routes, json_error, prometheus_response
+from voicegate.pool.supervisor import Supervisor, Worker, WorkerState
 
 SUPERVISOR = web.AppKey("supervisor", Supervisor)
 _WORKER_TIMEOUT = aiohttp.ClientTimeout(total=3.0)

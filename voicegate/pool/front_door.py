@@ -17,7 +17,7 @@ import shutil
 import signal
 from pathlib import Path
 
-from voicegate.kamailio_config import (
+from voicegate.pool.kamailio_config import (
     DISPATCHER_SET,
     STAT_FAILOVERS,
     STAT_NO_WORKER,
@@ -25,9 +25,9 @@ from voicegate.kamailio_config import (
     render_config,
     render_dispatcher_list,
 )
-from voicegate.process_tree import die_with_parent
+from voicegate.pool.process_tree import die_with_parent
 
-log = logging.getLogger("voicegate.front_door")
+log = logging.getLogger("voicegate.pool.front_door")
 
 INSTALL_HINT = (
     "install Kamailio (Debian/Ubuntu: `apt install kamailio`), or set pool.kamailio to its path"

@@ -29,8 +29,8 @@ from session import events as sev
 from session.machine import GateClosed, IllegalTransition
 from session.store import IdempotencyConflict, SessionStore, ToolIntent, ToolReceipt
 from voicegate.faults import Faults
-from voicegate.metrics import Metrics
-from voicegate.tool_client import DEFINITIVE, ToolClient, ToolOutcome
+from voicegate.observe.metrics import Metrics
+from voicegate.tools.client import DEFINITIVE, ToolClient, ToolOutcome
 
 log = logging.getLogger("voicegate.tools")
 

@@ -34,8 +34,8 @@ from session.store import LeaseLost, SessionStore, StoreError
 from telephony import events as ev
 from telephony.media_bridge import MediaChannel
 from telephony.sip_message import mask_uri
-from voicegate.call_tools import CallTools, ToolDone, ToolRefused, ToolServices
-from voicegate.metrics import Metrics
+from voicegate.observe.metrics import Metrics
+from voicegate.tools.call_tools import CallTools, ToolDone, ToolRefused, ToolServices
 
 log = logging.getLogger("voicegate.call")
 

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollecto
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from voicegate.kamailio_config import STAT_FAILOVERS, STAT_NO_WORKER
+from voicegate.pool.kamailio_config import STAT_FAILOVERS, STAT_NO_WORKER
 
 
 class PoolMetrics:

@@ -3,7 +3,7 @@
 Each worker is ``voicegate worker --index i``: one pjsua2 endpoint on its own SIP port and RTP
 slice (``config.workers``), sharing the session store. The supervisor
 
-- starts Kamailio as the front door (``voicegate.front_door``), then the workers;
+- starts Kamailio as the front door (``voicegate.pool.front_door``), then the workers;
 - restarts a worker that exits, with exponential backoff (reset after a minute up); the new
   incarnation settles and reaps what its predecessor left open (``Runtime.start``), so nothing the
   dead one owned runs twice;
@@ -35,13 +35,13 @@ from config import Settings
 from config.workers import WorkerSlot, worker_slots
 from session.reaper import reap_stale
 from session.store import SessionStore
-from session.store_sqlite import SqliteSessionStore
-from voicegate.front_door import FrontDoorError, Kamailio, front_door_for, unix_socket_path_ok
-from voicegate.pool_metrics import PoolMetrics
-from voicegate.process_tree import die_with_parent
+from session.store.sqlite import SqliteSessionStore
+from voicegate.observe.pool_metrics import PoolMetrics
+from voicegate.pool.front_door import FrontDoorError, Kamailio, front_door_for, unix_socket_path_ok
+from voicegate.pool.process_tree import die_with_parent
 from voicegate.runtime import STORE_FILE
 
-log = logging.getLogger("voicegate.supervisor")
+log = logging.getLogger("voicegate.pool.supervisor")
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 # A worker up this long is healthy again: its next death restarts after the base backoff.

@@ -24,7 +24,7 @@ from session import effects as fx
 from session import events as sev
 from session.durable import DurableSession
 from session.store import LeaseLost, SessionFinished, SessionStore, ToolIntent, ToolReceipt
-from voicegate.tool_client import DEFINITIVE, ToolClient, ToolOutcome
+from voicegate.tools.client import DEFINITIVE, ToolClient, ToolOutcome
 
 log = logging.getLogger("voicegate.reconcile")
 

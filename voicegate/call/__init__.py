@@ -1,0 +1,4 @@
+"""The per-call task: one live call's session, the effects it carries out, and the agent's control.
+
+Later: ``legs.py`` (a second leg of a bridged or consulted transfer) and ``transfer.py``.
+"""

@@ -1,0 +1,1 @@
+"""The worker pool: the supervisor, restart backoff, and the Kamailio front door."""
