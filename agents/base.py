@@ -111,6 +111,15 @@ class Agent:
     async def on_resumed(self, interruptions: str) -> None:
         """The session recovered; continue with a short line, not by replaying the response."""
 
+    async def on_response_interrupted(self, heard_ms: int) -> None:
+        """Your response was cut (the caller barged in, or :meth:`CallControl.stop_playback`):
+        the caller heard its first ``heard_ms`` milliseconds; truncate what you remember of it
+        to that."""
+
+    async def on_stop(self) -> None:
+        """Stop producing output now: the response in progress was cancelled (an interruption,
+        or the call is ending). Audio still sent for it is dropped, never played."""
+
     async def on_speech_started(self) -> None:
         """The caller started speaking (VAD onset). A response playing may be cut by barge-in."""
 

@@ -14,6 +14,8 @@ read-only view. Once another process takes the session over, every write of this
 from __future__ import annotations
 
 from collections.abc import Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any
 
 from session import effects as fx
@@ -21,6 +23,7 @@ from session import events as ev
 from session.machine import step
 from session.state import SessionState
 from session.store import Checkpoint, EventRecord, Lease, SessionStore, UnknownSession
+from session.store.writer import StoreWriter
 
 CHECKPOINT_EVERY = 20
 
@@ -90,7 +93,7 @@ class DurableSession:
         return cls(store, state, None)
 
     def apply(self, event: ev.Event, now: float) -> list[fx.Effect]:
-        """Fold, persist under the lease, return effects.
+        """Fold, persist under the lease (here, synchronously), return effects.
 
         Raises ReadOnlySession without a lease; IllegalTransition (nothing changes); or a store
         error from the append (LeaseLost first: see ``SessionStore.append``), when nothing is
@@ -98,29 +101,80 @@ class DurableSession:
         (LeaseLost: taken over in between) raises too, with the event logged and the state
         advanced; the caller must stop acting for the session either way.
         """
+        after, effects, step_write = self._fold(event, now)
+        if step_write is not None:
+            step_write.append(self.store)
+            self.state = after
+            step_write.checkpoint(self.store)
+        return effects
+
+    def apply_through(
+        self, writer: StoreWriter, event: ev.Event, now: float
+    ) -> tuple[list[fx.Effect], Future[None] | None]:
+        """Fold now, persist through ``writer`` (off the event loop), return the effects and the
+        write's future (None when the step writes nothing, as for a stale event).
+
+        The state advances at once, so the next event folds onto it; the caller must carry out
+        effects that reach outside this process only once the future resolves, and stop acting
+        for the session if it fails (LeaseLost, or any store error). The writer runs writes in
+        order, so a later step is never durable before an earlier one.
+        """
+        after, effects, step_write = self._fold(event, now)
+        self.state = after
+        if step_write is None:
+            return effects, None
+        return effects, writer.submit(step_write)
+
+    def _fold(
+        self, event: ev.Event, now: float
+    ) -> tuple[SessionState, list[fx.Effect], _StepWrite | None]:
         lease = self.lease
         if lease is None:
             raise ReadOnlySession(self.session_id)
         before = self.state
         after, effects = step(before, event, now)
-        if after.version != before.version:
-            record = EventRecord(
-                session_id=after.session_id,
-                seq=after.version,
-                type=event.type,
-                payload=event.to_dict(),
-                effects=[effect.to_dict() for effect in effects],
-                at=now,
-            )
-            self.store.append(
-                record,
-                lease=lease,
-                status=after.status(),
-                terminal_state=after.ended.terminal_state if after.ended else None,
-            )
-            self.state = after
-            if after.version % CHECKPOINT_EVERY == 0 or after.terminal:
-                self.store.save_checkpoint(
-                    Checkpoint(after.session_id, after.version, after.to_dict(), now), lease=lease
-                )
-        return effects
+        if after.version == before.version:
+            return after, effects, None
+        record = EventRecord(
+            session_id=after.session_id,
+            seq=after.version,
+            type=event.type,
+            payload=event.to_dict(),
+            effects=[effect.to_dict() for effect in effects],
+            at=now,
+        )
+        checkpoint = None
+        if after.version % CHECKPOINT_EVERY == 0 or after.terminal:
+            checkpoint = Checkpoint(after.session_id, after.version, after.to_dict(), now)
+        write = _StepWrite(
+            record,
+            lease,
+            after.status(),
+            after.ended.terminal_state if after.ended else None,
+            checkpoint,
+        )
+        return after, effects, write
+
+
+@dataclass(frozen=True, slots=True)
+class _StepWrite:
+    """What one step writes: its event, and a checkpoint every so often and at the end."""
+
+    record: EventRecord
+    lease: Lease
+    status: str
+    terminal_state: str | None
+    checkpoint_: Checkpoint | None
+
+    def append(self, store: SessionStore) -> None:
+        store.append(
+            self.record, lease=self.lease, status=self.status, terminal_state=self.terminal_state
+        )
+
+    def checkpoint(self, store: SessionStore) -> None:
+        if self.checkpoint_ is not None:
+            store.save_checkpoint(self.checkpoint_, lease=self.lease)
+
+    def __call__(self, store: SessionStore) -> None:
+        self.append(store)
+        self.checkpoint(store)

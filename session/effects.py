@@ -170,3 +170,29 @@ class StaleEventIgnored(Effect):
     kind: ClassVar[str] = "stale_event_ignored"
     event_type: str
     why: str
+
+
+# Every effect type, for exhaustive matches (``typing.assert_never``): an effect added above and
+# not here fails tests/unit/test_effect_executor.py; one added here and not carried out fails mypy.
+AnyEffect = (
+    ClearPlayout
+    | CancelResponse
+    | BindResponse
+    | StopGeneration
+    | GateChanged
+    | StartRecovery
+    | AttemptRecovery
+    | RecoveryFinished
+    | ScheduleTimer
+    | CancelTimer
+    | Reconcile
+    | SendToolRequest
+    | CancelToolCalls
+    | PersistOutstanding
+    | Say
+    | NotifyAgent
+    | ReleaseMedia
+    | HangUp
+    | Finished
+    | StaleEventIgnored
+)

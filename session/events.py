@@ -187,6 +187,9 @@ class ToolIntent(Event):
     kind: str = "write"
     digest: str = ""
     turn_id: str = ""
+    # The event log is the truth for tools (seed 000): the arguments travel in the event that
+    # creates the intent, so a crash before the intent row loses nothing.
+    arguments: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -483,7 +483,14 @@ def _on_tool_intent(state: SessionState, event: ev.ToolIntent, now: float) -> Re
         raise GateClosed(state, event, "the gate is closed")
     if _find(state, event.key) is not None:
         raise IllegalTransition(state, event, f"intent {event.key} is already outstanding")
-    intent = Outstanding(event.key, event.tool, event.kind, event.digest, event.turn_id)
+    intent = Outstanding(
+        event.key,
+        event.tool,
+        event.kind,
+        event.digest,
+        event.turn_id,
+        arguments=dict(event.arguments),
+    )
     out: Effects = [fx.SendToolRequest(event.key)]
     return replace(state, outstanding=(*state.outstanding, intent)), out
 

@@ -86,6 +86,9 @@ class Outstanding:
     digest: str
     turn_id: str
     stage: str = "intended"
+    # The request's arguments as the intent event logged them: a restart reconciles (and an
+    # operator reads) the real request, not a copy that lived only in memory.
+    arguments: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

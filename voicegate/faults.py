@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 
 log = logging.getLogger("voicegate.faults")
 
@@ -17,11 +18,14 @@ EXIT_CODE = 86
 
 
 class Faults:
-    def __init__(self, crash_at: str) -> None:
+    def __init__(self, crash_at: str, before_crash: Callable[[], None] | None = None) -> None:
         window, _, nth = crash_at.partition("#")
         self.window = window
         self.nth = int(nth) if nth else 1
         self._seen = 0
+        # Writes leave the event loop (session/store/writer.py): a window "after" a write is
+        # reached once the write is durable, so the crash comes after it, as it would on disk.
+        self._before_crash = before_crash
 
     def reached(self, window: str) -> None:
         if not self.window or window != self.window:
@@ -29,6 +33,8 @@ class Faults:
         self._seen += 1
         if self._seen < self.nth:
             return
+        if self._before_crash is not None:
+            self._before_crash()
         log.critical("fault.crash", extra={"window": window, "time": self._seen})
         for handler in logging.getLogger().handlers:
             handler.flush()

@@ -11,9 +11,8 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 import aiohttp
@@ -32,9 +31,11 @@ from session.reaper import reap_predecessors, reap_stale
 from session.state import Policy
 from session.store import SessionStore
 from session.store.sqlite import SqliteSessionStore
+from session.store.writer import StoreWriter
 from telephony import events as ev
 from telephony.endpoint import EndpointConfig, SipEndpoint
 from telephony.sip_message import mask_uri
+from voicegate.call.clock import SessionClock
 from voicegate.call.live_call import CallPhase, HangupPlan, LiveCall
 from voicegate.faults import Faults
 from voicegate.observe.metrics import Metrics
@@ -47,6 +48,8 @@ log = logging.getLogger("voicegate.runtime")
 # long the runtime then waits for PJSIP to confirm them gone.
 _FORCED_END_WAIT_S = 3.0
 STORE_FILE = "voicegate.sqlite3"
+# A tick this late is logged: a blocked loop delays barge-in and playout for every call here.
+LOOP_BLOCKED_S = 0.25
 
 
 def endpoint_config(settings: Settings) -> EndpointConfig:
@@ -85,21 +88,26 @@ class Runtime:
         self,
         settings: Settings,
         metrics: Metrics | None = None,
-        wall_clock: Callable[[], float] = time.time,
+        clock: SessionClock | None = None,
     ) -> None:
         self.settings = settings
         self.metrics = metrics or Metrics()
-        self._wall = wall_clock
+        self._clock = clock or SessionClock()
+        self._wall = self._clock.wall
         data_dir = Path(settings.storage.data_dir)
         data_dir.mkdir(parents=True, exist_ok=True)
-        self.store: SessionStore = SqliteSessionStore(data_dir / STORE_FILE)
+        store_path = data_dir / STORE_FILE
+        self.store: SessionStore = SqliteSessionStore(store_path)
+        # Every write of the live calls leaves the event loop (session/store/writer.py).
+        self.writer = StoreWriter(lambda: SqliteSessionStore(store_path))
         # "<worker>/<incarnation>": a restarted worker knows its predecessor's sessions are dead.
         self.owner = f"{settings.session.worker_name}/{uuid.uuid4().hex[:12]}"
         prompts_dir = settings.agent.prompts_dir or default_prompts_dir()
         self._prompts = PromptLibrary(Path(prompts_dir))
         self._agent_factory = agent_factory(settings)
         self.answer_after_s = settings.sip.answer_after_s
-        self.faults = Faults(settings.faults.crash_at)
+        # A crash window after a write is after it is durable: flush the writer first.
+        self.faults = Faults(settings.faults.crash_at, before_crash=self.writer.flush)
         self.tools: Mapping[str, ToolSettings] = {tool.name: tool for tool in settings.tools}
         self.reconcile_timeout_s = settings.session.reconcile_timeout_s
         self.status_attempts = settings.session.status_attempts
@@ -170,13 +178,14 @@ class Runtime:
                 case _:
                     pass
 
-    def reap(self, *, now: float | None = None) -> list[str]:
-        """Finalise sessions whose process stopped (seed 004's reaper); safe to call any time."""
-        reaped = reap_stale(
-            self.store,
-            me=self.owner,
-            now=now or self._wall(),
-            stale_after_s=self.settings.session.reap_after_s,
+    async def reap(self, *, now: float | None = None) -> list[str]:
+        """Finalise sessions whose process stopped (seed 004's reaper); safe to call any time.
+        The writes run on the store's writer thread, never on the event loop."""
+        me, at, after_s = self.owner, now or self._wall(), self.settings.session.reap_after_s
+        reaped = await asyncio.wrap_future(
+            self.writer.submit(
+                lambda store: reap_stale(store, me=me, now=at, stale_after_s=after_s)
+            )
         )
         if reaped:
             self.metrics.sessions_reaped.labels("stale").inc(len(reaped))
@@ -229,6 +238,7 @@ class Runtime:
             deadline_s=self.reconcile_timeout_s,
             record_effects=self.record_effects,
             on_outcome=self._count_reconciled,
+            now=self._clock.now,
         )
         if settled:
             log.warning("reconcile.startup", extra={"settled": settled})
@@ -240,7 +250,7 @@ class Runtime:
             # The reaper ends every session it finalises as failed (stage "process").
             self.metrics.sessions_ended.labels("failed").inc(len(predecessors))
             log.warning("sessions.reaped_at_startup", extra={"count": len(predecessors)})
-        self.reap()
+        await self.reap()
         # Load the prompts now so a broken prompt file fails start-up, not a call.
         for rate in (8000, 16000):
             self._prompts.load_all(rate)
@@ -261,7 +271,7 @@ class Runtime:
                 call.touch()
             beats += 1
             if beats % sweep_every == 0:
-                self.reap()
+                await self.reap()
 
     def _arm_ticker(self) -> None:
         if self._ticker is None:
@@ -277,10 +287,16 @@ class Runtime:
         loop = asyncio.get_running_loop()
         for call in self.calls.values():
             call.tick()
+        # How late this tick ran is how long something held the loop (every call's audio
+        # decisions wait behind it); measured on the tick, so it costs no wake-up of its own.
+        now = loop.time()
+        lag = now - self._next_tick
+        self.metrics.loop_lag.observe(max(lag, 0.0))
+        if lag > LOOP_BLOCKED_S:
+            log.warning("loop.blocked", extra={"late_ms": round(lag * 1000, 1)})
         # Re-arm on the fixed grid; if the loop stalled, skip the missed ticks rather than
         # firing them in a burst (the inbound ring holds the audio meanwhile).
         self._next_tick += self._tick_s
-        now = loop.time()
         if self._next_tick < now:
             self._next_tick = now + self._tick_s
         self._ticker = loop.call_at(self._next_tick, self._tick)
@@ -314,7 +330,7 @@ class Runtime:
                     call.deliver(event)
 
     def _start_call(self, offer: ev.CallOffered) -> None:
-        call = LiveCall(offer, self, self._agent_factory, self._wall)
+        call = LiveCall(offer, self, self._agent_factory, self._clock)
         self.calls[call.call_id] = call
         self._arm_ticker()
         task = asyncio.create_task(self._run_call(call), name=f"call-{call.call_id[:8]}")
@@ -403,6 +419,7 @@ class Runtime:
             await self.sip.stop()
         if self._http is not None:
             await self._http.close()
+        await asyncio.to_thread(self.writer.close)
         self.store.close()
         log.info("shutdown.done")
 

@@ -21,6 +21,7 @@ from session import events as sev
 from session.durable import DurableSession
 from session.store import SessionStore
 from session.store.sqlite import SqliteSessionStore
+from session.store.writer import StoreWriter
 from voicegate.faults import Faults
 from voicegate.observe.metrics import Metrics
 from voicegate.tools.call_tools import CallTools, ToolDone, ToolRefused
@@ -30,6 +31,7 @@ from voicegate.tools.client import ToolClient
 @dataclass
 class Services:
     store: SessionStore
+    writer: StoreWriter
     tool_client: ToolClient
     tools: Mapping[str, ToolSettings]
     metrics: Metrics = field(default_factory=Metrics)
@@ -55,7 +57,8 @@ async def test_the_same_intent_twice_is_one_charge_and_the_original_outcome(
     )
     store = SqliteSessionStore(tmp_path / "s.sqlite3")
     async with aiohttp.ClientSession() as http:
-        services = Services(store, ToolClient(http), {"charge": tool})
+        writer = StoreWriter(lambda: SqliteSessionStore(tmp_path / "s.sqlite3"))
+        services = Services(store, writer, ToolClient(http), {"charge": tool})
         session, _ = DurableSession.create(
             store, "s1", owner="w/1", meta={}, offered=sev.CallOffered(), now=time.time()
         )
@@ -66,14 +69,20 @@ async def test_the_same_intent_twice_is_one_charge_and_the_original_outcome(
             for effect in effects:  # what LiveCall does with SendToolRequest
                 if isinstance(effect, fx.SendToolRequest):
                     intent = next(o for o in session.state.outstanding if o.key == effect.key)
-                    tools.persist_intent(
-                        intent.key, intent.tool, intent.kind, intent.digest, intent.turn_id
-                    )
-                    tools.send(intent.key, intent.tool)
+                    tools.send(intent, tools.persist_intent(intent))
             return effects
 
         tools = CallTools(
-            "s1", services, apply=apply, post=queue.put_nowait, current_turn=lambda: "t1"
+            "s1",
+            services,
+            apply=apply,
+            post=queue.put_nowait,
+            current_turn=lambda: "t1",
+            find_outstanding=lambda key: next(
+                (o for o in session.state.outstanding if o.key == key), None
+            ),
+            durable=lambda: None,  # this test's session writes synchronously
+            wall=time.time,
         )
         apply(sev.CallAnswered())
         apply(sev.TurnStarted("t1"))
@@ -88,7 +97,14 @@ async def test_the_same_intent_twice_is_one_charge_and_the_original_outcome(
         key = tools.request("charge", args, None, approved=True)
         done = await asyncio.wait_for(queue.get(), 5)
         assert isinstance(done, ToolDone) and done.outcome.outcome == "committed"
+        # The log is the truth for tools: the intent event carries the real arguments, and the
+        # intent row is written from it.
+        intents = [e for e in store.events("s1") if e.type == "tool_intent"]
+        assert [e.payload["arguments"] for e in intents] == [args]
+        row = store.intent(key)
+        assert row is not None and dict(row.arguments) == args
         first = tools.record(done, "charge")
+        await asyncio.to_thread(writer.flush)
 
         # The agent asks again for the same thing (same tool, arguments, session, turn).
         again = tools.request("charge", args, None, approved=True)
@@ -108,4 +124,5 @@ async def test_the_same_intent_twice_is_one_charge_and_the_original_outcome(
             rows = (await resp.json())["rows"]
         assert [(r["key"], r["status"]) for r in rows] == [(key, "committed")]
         assert services.metrics.tool_duplicates_prevented.labels("charge")._value.get() == 1
+    writer.close()
     store.close()

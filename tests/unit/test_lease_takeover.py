@@ -25,7 +25,9 @@ from session.durable import DurableSession
 from session.reaper import reap_predecessors
 from session.store import Lease, LeaseLost, SessionStore, ToolIntent, ToolReceipt
 from session.store.sqlite import SqliteSessionStore
+from session.store.writer import StoreWriter
 from telephony import events as ev
+from voicegate.call.clock import SessionClock
 from voicegate.call.live_call import CallPhase, LiveCall
 from voicegate.faults import Faults
 from voicegate.observe.metrics import Metrics
@@ -96,7 +98,7 @@ async def _settle(store: SqliteSessionStore, client: _Client) -> tuple[int, list
         deadline_s=1.0,
         record_effects=lambda effects: None,
         on_outcome=lambda tool, outcome: outcomes.append(outcome),
-        wall=lambda: 200.0,
+        now=lambda: 200.0,
     )
     return settled, outcomes
 
@@ -187,6 +189,7 @@ class _Services:
     """What a LiveCall needs from the runtime; SIP commands are only kept."""
 
     store: SessionStore
+    writer: StoreWriter
     owner: str = "worker-0/live"
     answer_after_s: float = 0.0
     metrics: Metrics = field(default_factory=Metrics)
@@ -221,12 +224,21 @@ async def _until(condition: Callable[[], object], what: str) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def _offered_call(store: SqliteSessionStore) -> tuple[LiveCall, _Services]:
-    services = _Services(store)
+@pytest.fixture
+def writer(store: SqliteSessionStore) -> Iterator[StoreWriter]:
+    """The live call's writer thread, on a connection of its own (as in the runtime)."""
+    w = StoreWriter(lambda: SqliteSessionStore(store.path))
+    yield w
+    w.close()
+
+
+def _offered_call(store: SqliteSessionStore, writer: StoreWriter) -> tuple[LiveCall, _Services]:
+    services = _Services(store, writer)
     offer = ev.CallOffered(
         "c1", "sip-c1", "sip:+15551234567@example.org", "sip:service@vg", "service", "udp"
     )
-    return LiveCall(offer, services, _no_agent, lambda: 300.0), services
+    clock = SessionClock(monotonic=lambda: 300.0, wall=lambda: 300.0)
+    return LiveCall(offer, services, _no_agent, clock), services
 
 
 def _no_agent(context: CallContext, control: CallControl) -> Agent:
@@ -240,11 +252,12 @@ def _lease_lost_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRec
 @pytest.mark.parametrize("noticed_by", ["append", "touch"])
 async def test_a_call_whose_session_was_taken_over_hangs_up_without_writing(
     store: SqliteSessionStore,
+    writer: StoreWriter,
     rival: SqliteSessionStore,
     caplog: pytest.LogCaptureFixture,
     noticed_by: str,
 ) -> None:
-    call, services = _offered_call(store)
+    call, services = _offered_call(store, writer)
     task = asyncio.create_task(call.run())
     await _until(lambda: services.commands, "the answer")
     assert call.session is not None and call.session.lease == Lease("worker-0/live", 1)

@@ -13,7 +13,9 @@ import contextlib
 import enum
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -29,11 +31,14 @@ from session import effects as fx
 from session import events as sev
 from session.durable import DurableSession
 from session.machine import RETRY, IllegalTransition
-from session.state import Outstanding
+from session.state import Outstanding, SessionState
 from session.store import LeaseLost, SessionStore, StoreError
+from session.store.writer import StoreWriter
 from telephony import events as ev
 from telephony.media_bridge import MediaChannel
 from telephony.sip_message import mask_uri
+from voicegate.call.clock import SessionClock
+from voicegate.call.executor import execute, split_in_process
 from voicegate.observe.metrics import Metrics
 from voicegate.tools.call_tools import CallTools, ToolDone, ToolRefused, ToolServices
 
@@ -56,6 +61,14 @@ class _AgentNotice:
 
     what: str
     detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Persisted:
+    """A write finished on the store's writer thread; ``then`` runs in the call's task."""
+
+    then: Callable[[Future[Any]], None]
+    done: Future[Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +97,7 @@ class CallServices(ToolServices, Protocol):
     """What a live call needs from the process around it."""
 
     store: SessionStore
+    writer: StoreWriter
     metrics: Metrics
     answer_after_s: float
     owner: str
@@ -105,16 +119,16 @@ class LiveCall:
         offer: ev.CallOffered,
         services: CallServices,
         agent_factory: AgentFactory,
-        wall_clock: Callable[[], float],
+        clock: SessionClock,
     ) -> None:
         self.offer = offer
         self.call_id = offer.call_id
         self._services = services
         self._agent_factory = agent_factory
-        self._wall = wall_clock
+        self._clock = clock
         self.events: asyncio.Queue[object] = asyncio.Queue()
         self.phase = CallPhase.RINGING
-        self.started_at = wall_clock()
+        self.started_at = clock.now()
         self.answered_at: float | None = None
         self.codec = ""
         self.codec_rate: int | None = None
@@ -143,19 +157,28 @@ class LiveCall:
         self._hangup: HangupPlan | None = None
         self._hangup_waiting_since: float | None = None
         self._in_dtmf = False
-        self._lease_lost: LeaseLost | None = None
+        self._halted: StoreError | None = None  # lease lost, or the store failed
+        self._media_released = False
+        self._results: dict[str, ToolResult] = {}
+        self._acting: deque[tuple[Future[None] | None, list[fx.Effect]]] = deque()
+        self.last_write: Future[None] | None = None
+        self._hangup_status = 603
+        self._loop = asyncio.get_running_loop()
         self.tools = CallTools(
             self.call_id,
             services,
             apply=self._apply,
             post=self.events.put_nowait,
             current_turn=self._current_turn,
+            find_outstanding=self._outstanding,
+            durable=lambda: self.last_write,
+            wall=clock.wall,
         )
 
     # --- what /v1/calls shows -------------------------------------------------------------------
 
     def snapshot(self) -> dict[str, object]:
-        now = self._wall()
+        now = self._clock.now()
         return {
             "call_id": self.call_id,
             "state": self.phase.value,
@@ -192,14 +215,24 @@ class LiveCall:
         session = self.session
         if session is None or session.lease is None or session.state.terminal:
             return
-        if self._lease_lost is None and not self._services.store.touch(
-            self.call_id, lease=session.lease, at=self._wall()
-        ):
+        if self._halted is not None:
+            return
+        lease, at = session.lease, self._clock.wall()
+
+        def touch(store: SessionStore) -> LeaseLost | None:
+            if store.touch(self.call_id, lease=lease, at=at):
+                return None
             # Refused while the session is open here: another process took it over.
-            held = self._services.store.get(self.call_id)
-            if held is not None:
-                lost = LeaseLost(self.call_id, session.lease, held.owner, held.lease_epoch)
-                self._lose_lease(lost)
+            held = store.get(self.call_id)
+            return LeaseLost(self.call_id, lease, held.owner, held.lease_epoch) if held else None
+
+        done = self._services.writer.submit(touch)
+        done.add_done_callback(lambda f: self._from_writer(self._touched, f))
+
+    def _touched(self, done: Future[LeaseLost | None]) -> None:
+        lost = None if done.exception() else done.result()
+        if lost is not None:
+            self._lose_lease(lost)
 
     # --- CallControl ----------------------------------------------------------------------------
 
@@ -209,7 +242,12 @@ class LiveCall:
 
     def play(self, samples: NDArray[np.int16]) -> None:
         channel = self.channel
-        if channel is None or self.phase is not CallPhase.ANSWERED or self._hangup is not None:
+        if (
+            channel is None
+            or self.phase is not CallPhase.ANSWERED
+            or self._hangup is not None
+            or self._media_released
+        ):
             return
         if not self._response_open and not self._start_response():
             return
@@ -287,9 +325,14 @@ class LiveCall:
     def _hang_up_now(self, status: int = 603) -> None:
         assert self._hangup is not None
         self._hangup_waiting_since = None
-        if self.session is not None and not self.session.state.terminal:
-            # The session records the outcome and asks for the BYE (its HangUp effect).
-            self._try(sev.ServerHangup(self._hangup.outcome, self._hangup.reason))
+        self._hangup_status = status
+        session = self.session
+        if (
+            session is not None
+            and not session.state.terminal
+            and self._try(sev.ServerHangup(self._hangup.outcome, self._hangup.reason))
+        ):
+            return  # the session's HangUp effect sends the BYE once the ending is durable
         if self.phase not in (CallPhase.ENDING, CallPhase.ENDED):
             self.phase = CallPhase.ENDING
             self._services.submit(ev.Hangup(self.call_id, status=status))
@@ -301,10 +344,12 @@ class LiveCall:
         session = self.session
         if session is None:
             return []
-        if self._lease_lost is not None:
-            raise self._lease_lost  # the session is another process's now: write nothing
+        if self._halted is not None:
+            raise self._halted  # another process's now, or unwritable: write nothing
         try:
-            effects = session.apply(event, self._wall())
+            effects, write = session.apply_through(
+                self._services.writer, event, self._clock.now()
+            )
         except IllegalTransition as exc:
             self._services.metrics.session_events_rejected.labels(event.type).inc()
             log.warning(
@@ -315,16 +360,75 @@ class LiveCall:
         except LeaseLost as exc:
             self._lose_lease(exc)
             raise
-        except StoreError:
-            log.exception("session.store_failed", extra={"call_id": self.call_id})
-            raise
-        self._execute(effects)
+        if write is not None:
+            self.last_write = write
+        self._execute(effects, write)
         return effects
+
+    def _execute(self, effects: list[fx.Effect], write: Future[None] | None) -> None:
+        """In-process effects now; the rest once ``write`` (and every write before it) is
+        durable, in log order: nothing reaches the caller, the agent, a provider or the SIP
+        peer before the log says why."""
+        self._services.record_effects(effects)
+        now, later = split_in_process(effects)
+        execute(now, self)
+        if write is None and not later:
+            return
+        # Every write is watched, with or without effects waiting on it: a write that fails
+        # (a lost lease, a broken disk) stops the call from acting on what was never recorded.
+        self._acting.append((write, later))
+        if write is not None and not write.done():
+            write.add_done_callback(lambda f: self._from_writer(self._act, f))
+        else:
+            self._act()
+
+    def _from_writer(self, then: Callable[[Future[Any]], None], done: Future[Any]) -> None:
+        # Called on the writer thread: hand the result to the call's task, in order.
+        self._loop.call_soon_threadsafe(self.events.put_nowait, _Persisted(then, done))
+
+    def _act(self, _done: Future[Any] | None = None) -> None:
+        """Carry out the deferred effects whose writes are durable, oldest first."""
+        while self._acting:
+            write, effects = self._acting[0]
+            if write is not None and not write.done():
+                return
+            self._acting.popleft()
+            failed = write.exception() if write is not None else None
+            if failed is not None:
+                self._write_failed(failed)
+                continue
+            try:
+                execute(effects, self)
+            except StoreError:
+                pass  # _halt has stopped the call
+            except IllegalTransition as exc:
+                log.warning(
+                    "session.effect_refused", extra={"call_id": self.call_id, "why": exc.why}
+                )
+
+    def _write_failed(self, exc: BaseException) -> None:
+        """A step never became durable: its effects are dropped, and the call stops acting."""
+        if isinstance(exc, LeaseLost):
+            self._lose_lease(exc)
+            return
+        log.error("session.store_failed", extra={"call_id": self.call_id, "why": str(exc)})
+        # Write nothing more: what the log holds is the truth the reaper finalises.
+        failure = exc if isinstance(exc, StoreError) else StoreError(str(exc))
+        self._halt(failure)
+
+    async def _writes_settled(self) -> None:
+        """Wait until every step so far is durable and its effects carried out."""
+        while self._acting:
+            write = self._acting[-1][0]
+            if write is not None and not write.done():
+                with contextlib.suppress(Exception):
+                    await asyncio.wrap_future(write)
+            self._act()
 
     def _try(self, event: sev.Event) -> bool:
         try:
             self._apply(event)
-        except (IllegalTransition, LeaseLost):  # LeaseLost: _lose_lease has stopped the call
+        except (IllegalTransition, StoreError):  # StoreError: _halt has stopped the call
             return False
         return True
 
@@ -335,9 +439,8 @@ class LiveCall:
         timers and tool requests stop, and the dialog is ended here without a session event: the
         session's new owner records how it ends.
         """
-        if self._lease_lost is not None:
+        if self._halted is not None:
             return
-        self._lease_lost = lost
         log.warning(
             "session.lease_lost",
             extra={
@@ -348,6 +451,13 @@ class LiveCall:
                 "lease_epoch": lost.lease.epoch,
             },
         )
+        self._halt(lost)
+
+    def _halt(self, why: StoreError) -> None:
+        """Stop acting for the session: every later step raises ``why`` before it is written."""
+        if self._halted is not None:
+            return
+        self._halted = why
         for handle in self._timers.values():
             handle.cancel()
         self._timers.clear()
@@ -356,54 +466,120 @@ class LiveCall:
             self.phase = CallPhase.ENDING
             self._services.submit(ev.Hangup(self.call_id))
 
-    def _execute(self, effects: list[fx.Effect]) -> None:
-        self._services.record_effects(effects)
-        said = any(isinstance(effect, fx.Say) for effect in effects)
-        for effect in effects:
-            match effect:
-                case fx.ClearPlayout(generation=generation):
-                    if self.channel is not None and generation > self.channel.playout.generation:
-                        self.channel.playout.interrupt(generation)
-                    self._response_id, self._response_open = None, False
-                case fx.BindResponse(response_id=response_id, generation=generation):
-                    if self.channel is not None:
-                        self.channel.playout.begin(response_id, generation)
-                case fx.Say(prompt=prompt):
-                    self._say(prompt)
-                case fx.HangUp(reason=reason):
-                    if self.phase not in (CallPhase.ENDING, CallPhase.ENDED):
-                        self._hangup = self._hangup or HangupPlan("canceled", reason)
-                        if said and self._still_playing():
-                            # The prompt this step queued (Say) is heard before the BYE.
-                            self._hangup_waiting_since = asyncio.get_running_loop().time()
-                        else:
-                            self.phase = CallPhase.ENDING
-                            self._services.submit(ev.Hangup(self.call_id))
-                case fx.ScheduleTimer(name=name, due=due, generation=gen, attempt=attempt):
-                    self._arm(name, due, gen, attempt)
-                case fx.CancelTimer(name=name):
-                    handle = self._timers.pop(name, None)
-                    if handle is not None:
-                        handle.cancel()
-                case fx.Finished():
-                    for handle in self._timers.values():
-                        handle.cancel()
-                    self._timers.clear()
-                case fx.NotifyAgent(what=what, detail=detail) if what in ("interrupted", "resumed"):
-                    self.events.put_nowait(_AgentNotice(what, detail))
-                case fx.SendToolRequest(key=key):
-                    intent = self._outstanding(key)
-                    if intent is not None:
-                        self.tools.persist_intent(
-                            key, intent.tool, intent.kind, intent.digest, intent.turn_id
-                        )
-                        self.tools.send(key, intent.tool)
-                case fx.Reconcile(keys=keys):
-                    self.tools.reconcile(keys, tool_of=self._tool_of)
-                case _:
-                    # Reconcile, tool requests, agent notices: their owners come with the
-                    # side-effect and agent work; the effect is already in the log.
-                    pass
+    # --- effects: each is carried out here (voicegate/call/executor.py maps them) --------------
+
+    def clear_playout(self, generation: int) -> None:
+        if self.channel is not None and generation > self.channel.playout.generation:
+            self.channel.playout.interrupt(generation)
+        # Nothing queued before the clear may continue: the next chunk opens a new response.
+        self._response_id, self._response_open = None, False
+
+    def cancel_response(self, response_id: str) -> None:
+        if self._response_id == response_id:
+            self._response_id, self._response_open = None, False
+
+    def bind_response(self, response_id: str, generation: int) -> None:
+        if self.channel is not None:
+            self.channel.playout.begin(response_id, generation)
+
+    def stop_generation(self) -> None:
+        self.events.put_nowait(_AgentNotice("stop", ""))
+
+    def gate_changed(self, old: str, new: str) -> None:
+        log.info("session.gate", extra={"call_id": self.call_id, "old": old, "new": new})
+
+    def recovery_started(self, generation: int, interruption: str, deadline: float) -> None:
+        log.info(
+            "recovery.started",
+            extra={
+                "call_id": self.call_id,
+                "generation": generation,
+                "interruption": interruption,
+                "deadline_in_s": round(deadline - self._clock.now(), 3),
+            },
+        )
+
+    def attempt_recovery(
+        self, generation: int, attempt: int, interruptions: tuple[str, ...]
+    ) -> None:
+        # A re-INVITE or a transfer is its own SIP transaction and answers for itself; a media
+        # gap has no transaction, so its attempt asks the dialog whether it still exists.
+        log.info(
+            "recovery.attempt",
+            extra={"call_id": self.call_id, "generation": generation, "attempt": attempt},
+        )
+        if "media" in interruptions and self.phase is CallPhase.ANSWERED:
+            self._probe_dialog(generation, attempt)
+
+    def _probe_dialog(self, generation: int, attempt: int) -> None:
+        log.info("recovery.probe", extra={"call_id": self.call_id, "attempt": attempt})
+
+    def recovery_finished(self, generation: int, outcome: str) -> None:
+        log.info(
+            "recovery.finished",
+            extra={"call_id": self.call_id, "generation": generation, "outcome": outcome},
+        )
+
+    def schedule_timer(self, name: str, due: float, generation: int, attempt: int) -> None:
+        self._arm(name, due, generation, attempt)
+
+    def cancel_timer(self, name: str) -> None:
+        handle = self._timers.pop(name, None)
+        if handle is not None:
+            handle.cancel()
+
+    def reconcile(self, keys: tuple[str, ...]) -> None:
+        self.tools.reconcile(keys, tool_of=self._tool_of)
+
+    def send_tool_request(self, key: str) -> None:
+        intent = self._outstanding(key)
+        if intent is not None:
+            self.tools.send(intent, self.tools.persist_intent(intent))
+
+    def cancel_tool_calls(self, keys: tuple[str, ...]) -> None:
+        self.tools.cancel(keys)
+
+    def persist_outstanding(self, keys: tuple[str, ...]) -> None:
+        state = self.session.state if self.session else None
+        if state is None:
+            return
+        self.tools.persist_outstanding([o for o in state.outstanding if o.key in keys])
+
+    def say(self, prompt: str, *, before_hangup: bool) -> None:
+        self._say(prompt)
+
+    def notify_agent(self, what: str, detail: str) -> None:
+        # Agents are awaited from the call's own task, never from inside a step.
+        self.events.put_nowait(_AgentNotice(what, detail))
+
+    def release_media(self) -> None:
+        # No more caller audio to VAD or the agent, and no agent audio admitted; what the
+        # session itself queued (a goodbye) still plays before the BYE.
+        self._media_released = True
+        if self.channel is not None:
+            self.channel.inbound.clear()
+
+    def hang_up(self, reason: str, *, after_prompt: bool) -> None:
+        if self.phase in (CallPhase.ENDING, CallPhase.ENDED):
+            return
+        self._hangup = self._hangup or HangupPlan("canceled", reason)
+        if after_prompt and self._still_playing():
+            # The prompt this step queued (Say) is heard before the BYE.
+            self._hangup_waiting_since = asyncio.get_running_loop().time()
+        else:
+            self.phase = CallPhase.ENDING
+            self._services.submit(ev.Hangup(self.call_id, status=self._hangup_status))
+
+    def finished(self, terminal_state: str, reason: str, stage: str | None) -> None:
+        for handle in self._timers.values():
+            handle.cancel()
+        self._timers.clear()
+
+    def stale_event_ignored(self, event_type: str, why: str) -> None:
+        log.debug(
+            "session.stale_event",
+            extra={"call_id": self.call_id, "event_type": event_type, "why": why},
+        )
 
     def _outstanding(self, key: str) -> Outstanding | None:
         state = self.session.state if self.session else None
@@ -438,9 +614,11 @@ class LiveCall:
         previous = self._timers.pop(name, None)
         if previous is not None:
             previous.cancel()
-        delay = max(0.0, due - self._wall())
-        self._timers[name] = asyncio.get_running_loop().call_later(
-            delay, self.events.put_nowait, _TimerFired(name, generation, attempt)
+        # Session time is the loop's clock plus a fixed offset: a wall-clock step moves nothing.
+        self._timers[name] = asyncio.get_running_loop().call_at(
+            self._clock.loop_time(due),
+            self.events.put_nowait,
+            _TimerFired(name, generation, attempt),
         )
 
     def _start_response(self) -> bool:
@@ -475,19 +653,19 @@ class LiveCall:
         offered = sev.CallOffered(
             caller=meta["caller"], called_user=self.offer.called_user, policy=services.policy()
         )
-        self.session, effects = DurableSession.create(
-            services.store,
-            self.call_id,
-            owner=services.owner,
-            meta=meta,
-            offered=offered,
-            now=self.started_at,
+        call_id, owner, at = self.call_id, services.owner, self.started_at
+        lease = await asyncio.wrap_future(
+            services.writer.submit(
+                lambda store: store.create(call_id, owner=owner, meta=meta, at=at)
+            )
         )
-        self._execute(effects)
+        self.session = DurableSession(services.store, SessionState(call_id), lease)
+        self._apply(offered)
         services.metrics.calls_offered.inc()
         services.metrics.calls_active.inc()
         log.info("call.offered", extra={"call_id": self.call_id, **meta})
         # The session is durable before the caller hears anything from us.
+        await self._writes_settled()
         if services.answer_after_s > 0:
             asyncio.get_running_loop().call_later(services.answer_after_s, self._answer)
         else:
@@ -495,10 +673,14 @@ class LiveCall:
         try:
             while self.phase is not CallPhase.ENDED:
                 item = await self.events.get()
-                # A lost lease was handled where it was raised (_lose_lease): the call is hanging
-                # up, and this loop waits for the dialog's end without writing.
-                with contextlib.suppress(LeaseLost):
+                try:
                     await self._handle(item)
+                except StoreError:
+                    # A lost lease or a failed write was handled where it was found (_halt):
+                    # the call is hanging up, and this loop waits for the dialog's end.
+                    if self._halted is None:
+                        raise
+            await self._writes_settled()
         finally:
             for handle in self._timers.values():
                 handle.cancel()
@@ -546,7 +728,7 @@ class LiveCall:
             case ev.CallAnswered():
                 if self.phase is CallPhase.RINGING and self._try(sev.CallAnswered()):
                     self.phase = CallPhase.ANSWERED
-                    self.answered_at = self._wall()
+                    self.answered_at = self._clock.now()
                     log.info("call.answered", extra={"call_id": self.call_id})
                     await self._maybe_start_agent()
             case ev.DtmfReceived(digit=digit, method=method):
@@ -566,12 +748,10 @@ class LiveCall:
                 state = self.session.state if self.session else None
                 if state is not None and state.recovery is not None:
                     self._try(sev.ReinviteFinished(state.recovery.generation, ok))
-            case _AgentNotice(what=what, detail=detail):
-                if self.agent is not None and self.phase is CallPhase.ANSWERED:
-                    if what == "resumed":
-                        await self.agent.on_resumed(detail)
-                    else:
-                        await self.agent.on_interrupted(detail)
+            case _AgentNotice():
+                await self._notify_agent(item)
+            case _Persisted(then=then, done=done):
+                then(done)
             case ToolRefused(result=result):
                 await self._tell_agent(result)
             case _:
@@ -593,13 +773,39 @@ class LiveCall:
             generation = state.recovery.generation if state.recovery else 0
             self._try(sev.MediaRestored(generation))
 
+    async def _notify_agent(self, notice: _AgentNotice) -> None:
+        """A NotifyAgent or StopGeneration effect, delivered from the call's task."""
+        agent = self.agent
+        if notice.what == "tool_receipt":
+            # The receipt's result (with the provider's detail) was kept when it was recorded.
+            result = self._results.pop(notice.detail.split(" ", 1)[0], None)
+            if result is not None:
+                await self._tell_agent(result)
+            return
+        if agent is None or self.phase is not CallPhase.ANSWERED:
+            return
+        match notice.what:
+            case "interrupted":
+                await agent.on_interrupted(notice.detail)
+            case "resumed":
+                await agent.on_resumed(notice.detail)
+            case "response_interrupted":
+                heard = notice.detail.rpartition("heard_ms=")[2]
+                await agent.on_response_interrupted(int(heard) if heard.isdigit() else 0)
+            case "stop":
+                await agent.on_stop()
+            case _:
+                log.warning(
+                    "agent.unknown_notice", extra={"call_id": self.call_id, "what": notice.what}
+                )
+
     async def _on_tool_done(self, done: ToolDone) -> None:
         intent = self._outstanding(done.key)
         if intent is None or self.session is None or self.session.state.terminal:
             return
-        result = self.tools.record(done, intent.tool)
-        if not self.session.state.terminal:
-            await self._tell_agent(result)
+        # Recording it feeds the receipt to the session, whose NotifyAgent effect hands this
+        # result to the agent (unless the receipt ended the session).
+        self._results[done.key] = self.tools.record(done, intent.tool)
 
     async def _tell_agent(self, result: ToolResult) -> None:
         if self.agent is not None and self.phase is CallPhase.ANSWERED:
@@ -683,6 +889,9 @@ class LiveCall:
         """Caller audio: VAD and barge-in at the call's rate, then the agent's frames."""
         inbound = channel.inbound
         if not inbound:
+            return
+        if self._media_released:
+            inbound.clear()
             return
         pipeline = self._inbound
         if pipeline is None or pipeline.call_rate != channel.rate:

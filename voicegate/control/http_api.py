@@ -23,7 +23,9 @@ class SessionsView(Protocol):
     @property
     def store(self) -> SessionStore: ...
 
-    def reap(self) -> list[str]: ...
+    async def reap(self) -> list[str]:
+        """Finalise sessions whose process is gone (a write: off the event loop)."""
+        ...
 
     def is_live(self, session_id: str) -> bool: ...
 
@@ -158,7 +160,7 @@ async def list_sessions(request: web.Request) -> web.Response:
         return json_error(
             400, "state=open sessions have no terminal_state", parameter="state", value=state
         )
-    view.reap()  # seed 004: the reaper runs on read
+    await view.reap()  # seed 004: the reaper runs on read
     try:
         summaries, cursor = view.store.list(
             terminal_state=terminal_filter,
@@ -187,7 +189,7 @@ async def get_session(request: web.Request) -> web.Response:
     if summary is None:
         return json_error(404, "no such session", session_id=session_id)
     if summary.terminal_state is None:
-        view.reap()  # seed 004: a dead process's session is finalised when it is read
+        await view.reap()  # seed 004: a dead process's session is finalised when it is read
     session = DurableSession.load(view.store, session_id)
     state = session.state
     events = view.store.events(session_id)

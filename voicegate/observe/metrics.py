@@ -151,6 +151,12 @@ class Metrics:
             buckets=(0.02, 0.04, 0.06, 0.08, 0.1, 0.12, 0.15, 0.2, 0.3, 0.5, 1.0),
             registry=r,
         )
+        self.loop_lag = Histogram(
+            "voicegate_event_loop_lag_seconds",
+            "How late the media tick ran while calls were live: time the event loop was held",
+            buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0),
+            registry=r,
+        )
         self.frame_pipeline = Histogram(
             "voicegate_frame_pipeline_seconds",
             "CPU time of the inbound pipeline (VAD, resampling) per 20 ms caller frame",

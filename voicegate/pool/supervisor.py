@@ -36,6 +36,7 @@ from config.workers import WorkerSlot, worker_slots
 from session.reaper import reap_stale
 from session.store import SessionStore
 from session.store.sqlite import SqliteSessionStore
+from session.store.writer import StoreWriter
 from voicegate.observe.pool_metrics import PoolMetrics
 from voicegate.pool.front_door import FrontDoorError, Kamailio, front_door_for, unix_socket_path_ok
 from voicegate.pool.process_tree import die_with_parent
@@ -128,6 +129,7 @@ class Supervisor:
         self.front: Kamailio | None = None
         self._store_path = data_dir / STORE_FILE
         self._store: SqliteSessionStore | None = None
+        self._writer: StoreWriter | None = None
         self._http: aiohttp.ClientSession | None = None
         self._wake = asyncio.Event()  # set when stopping: ends backoff sleeps at once
         self._front_task: asyncio.Task[None] | None = None
@@ -160,6 +162,8 @@ class Supervisor:
         self.metrics_dir.mkdir(parents=True)
         # Opening the store creates or migrates it once, before the workers race to.
         self._store = SqliteSessionStore(self._store_path)
+        store_path = self._store_path
+        self._writer = StoreWriter(lambda: SqliteSessionStore(store_path), name="pool-store-writer")
         self._http = aiohttp.ClientSession()
         if self.front is not None:
             try:
@@ -359,12 +363,14 @@ class Supervisor:
 
     # --- the control plane's view ---------------------------------------------------------------
 
-    def reap(self) -> list[str]:
-        reaped = reap_stale(
-            self.store,
-            now=time.time(),
-            stale_after_s=self.settings.session.reap_after_s,
-            me=self.owner,
+    async def reap(self) -> list[str]:
+        """Finalise sessions whose process is gone, on the writer thread (off the loop)."""
+        assert self._writer is not None
+        now, after_s, me = time.time(), self.settings.session.reap_after_s, self.owner
+        reaped = await asyncio.wrap_future(
+            self._writer.submit(
+                lambda store: reap_stale(store, now=now, stale_after_s=after_s, me=me)
+            )
         )
         if reaped:
             self.metrics.sessions_reaped.inc(len(reaped))
@@ -457,6 +463,8 @@ class Supervisor:
             self.metrics.front_door_up.set(0)
         if self._http is not None:
             await self._http.close()
+        if self._writer is not None:
+            await asyncio.to_thread(self._writer.close)
         if self._store is not None:
             self._store.close()
         log.info("pool.stopped")

@@ -18,8 +18,8 @@ import asyncio
 import hashlib
 import json
 import logging
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -27,10 +27,13 @@ from agents.base import ToolResult
 from config.tools import ToolSettings
 from session import events as sev
 from session.machine import GateClosed, IllegalTransition
-from session.store import IdempotencyConflict, SessionStore, ToolIntent, ToolReceipt
+from session.state import Outstanding
+from session.store import SessionStore, StoreError, ToolIntent
+from session.store.writer import StoreWriter
 from voicegate.faults import Faults
 from voicegate.observe.metrics import Metrics
 from voicegate.tools.client import DEFINITIVE, ToolClient, ToolOutcome
+from voicegate.tools.records import ensure_intent_row, store_receipt
 
 log = logging.getLogger("voicegate.tools")
 
@@ -53,6 +56,7 @@ class ToolRefused:
 
 class ToolServices(Protocol):
     store: SessionStore
+    writer: StoreWriter
     metrics: Metrics
     faults: Faults
     tool_client: ToolClient
@@ -78,8 +82,10 @@ class CallTools:
     apply: Callable[[sev.Event], object]  # the call's durable apply (raises IllegalTransition)
     post: Callable[[object], None]  # put an item on the call's own queue
     current_turn: Callable[[], str]
-    _tasks: set[asyncio.Task[None]] = field(default_factory=set)
-    _arguments: dict[str, Mapping[str, Any]] = field(default_factory=dict)
+    find_outstanding: Callable[[str], Outstanding | None]  # the session's own view of a key
+    durable: Callable[[], Future[None] | None]  # the write of the last step applied
+    wall: Callable[[], float]  # recorded timestamps of intent and receipt rows
+    _tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     receipts_seen: int = 0
 
     # --- asked by the agent (inside the call's task) -----------------------------------------
@@ -94,7 +100,7 @@ class CallTools:
         tool = services.tools.get(tool_name)
         if tool is None:
             return self._refuse(tool_name, key, f"no tool named {tool_name!r} is configured")
-        existing = services.store.intent(key)
+        existing = services.store.intent(key) or self._in_flight_intent(key)
         if existing is not None:
             if existing.digest != digest or existing.session_id != self.session_id:
                 return self._refuse(tool_name, key, "this key was used for a different request")
@@ -107,11 +113,10 @@ class CallTools:
         if tool.kind == "write" and tool.approval == "dtmf" and not approved:
             return self._refuse(tool_name, key, "the caller has not confirmed it by key press")
         services.faults.reached("before_intent_persist")
-        self._arguments[key] = arguments
         try:
             if tool.kind == "write" and tool.approval == "dtmf":
                 self.apply(sev.ApprovalGiven(f"{turn_id}:{digest[:16]}"))
-            self.apply(sev.ToolIntent(key, tool_name, tool.kind, digest, turn_id))
+            self.apply(sev.ToolIntent(key, tool_name, tool.kind, digest, turn_id, dict(arguments)))
         except GateClosed:
             return self._refuse(tool_name, key, "side effects are frozen while the call recovers")
         except IllegalTransition as exc:
@@ -120,25 +125,41 @@ class CallTools:
         # effects pass, right after this row is durable.
         return key
 
-    def persist_intent(self, key: str, tool_name: str, kind: str, digest: str, turn: str) -> None:
-        services = self.services
-        try:
-            services.store.record_intent(
-                ToolIntent(
-                    idempotency_key=key,
-                    session_id=self.session_id,
-                    turn_id=turn,
-                    tool=tool_name,
-                    kind=kind,
-                    digest=digest,
-                    arguments=dict(self._arguments.get(key, {})),
-                    created_at=time.time(),
-                )
-            )
-        except IdempotencyConflict:
-            log.error("tool.key_conflict", extra={"session_id": self.session_id, "key": key})
-            raise
-        services.faults.reached("after_intent_persist")
+    def _in_flight_intent(self, key: str) -> ToolIntent | None:
+        """An intent the session holds whose row the writer may not have written yet."""
+        intent = self.find_outstanding(key)
+        if intent is None:
+            return None
+        return ToolIntent(
+            key, self.session_id, intent.turn_id, intent.tool, intent.kind, intent.digest, {}, 0.0
+        )
+
+    def persist_intent(self, intent: Outstanding) -> Future[ToolIntent]:
+        """The intent row, from the logged intent (its event is already durable)."""
+        session_id, at = self.session_id, self.wall()
+        row = self.services.writer.submit(
+            lambda store: ensure_intent_row(store, session_id, intent, at=at)
+        )
+        self.services.faults.reached("after_intent_persist")
+        return row
+
+    def persist_outstanding(self, intents: Sequence[Outstanding]) -> None:
+        """PersistOutstanding: each intent the session leaves unsettled has its row, so that
+        reconciliation (here, or at the next start) finds it; it is never assumed done."""
+        session_id, at = self.session_id, self.wall()
+
+        def persist(store: SessionStore) -> None:
+            for intent in intents:
+                try:
+                    ensure_intent_row(store, session_id, intent, at=at)
+                except StoreError as exc:
+                    # The intent event is in the log (with its arguments): that stays the truth.
+                    log.error(
+                        "tool.intent_row_refused",
+                        extra={"session_id": session_id, "key": intent.key, "why": str(exc)},
+                    )
+
+        self.services.writer.submit(persist)
 
     def _refuse(self, tool_name: str, key: str, reason: str) -> str:
         self.services.metrics.tool_calls.labels(tool_name, "refused").inc()
@@ -151,15 +172,35 @@ class CallTools:
 
     # --- effects of the session machine -------------------------------------------------------
 
-    def send(self, key: str, tool_name: str) -> None:
-        """SendToolRequest: mark it sent (durably), then send it, once."""
+    def send(self, intent: Outstanding, row: Future[ToolIntent]) -> None:
+        """SendToolRequest: mark it sent, then, once that and the intent row are durable,
+        send it, once."""
         services = self.services
-        tool = services.tools[tool_name]
+        tool = services.tools[intent.tool]
         services.faults.reached("before_request_send")
-        self.apply(sev.ToolRequestSent(key))
-        self._spawn(self._send(tool, key, dict(self._arguments.get(key, {}))))
+        self.apply(sev.ToolRequestSent(intent.key))
+        sent = self.durable()
+        self._spawn(intent.key, self._send(tool, intent.key, dict(intent.arguments), row, sent))
 
-    async def _send(self, tool: ToolSettings, key: str, body: Mapping[str, Any]) -> None:
+    async def _send(
+        self,
+        tool: ToolSettings,
+        key: str,
+        body: Mapping[str, Any],
+        row: Future[ToolIntent],
+        sent: Future[None] | None,
+    ) -> None:
+        try:
+            await asyncio.wrap_future(row)
+            if sent is not None:
+                await asyncio.wrap_future(sent)
+        except StoreError as exc:
+            # Not durable, so never sent: the logged intent is settled by a status query.
+            log.error(
+                "tool.not_sent",
+                extra={"session_id": self.session_id, "key": key, "why": str(exc)},
+            )
+            return
         context = {"X-Voicegate-Session": self.session_id}
         outcome = await self.services.tool_client.request(tool, key, body, context)
         via = "request"
@@ -186,7 +227,7 @@ class CallTools:
                     )
                 )
                 continue
-            self._spawn(self._reconcile_one(tool, key))
+            self._spawn(key, self._reconcile_one(tool, key))
 
     async def _reconcile_one(self, tool: ToolSettings, key: str) -> None:
         self.post(ToolDone(key, await self._resolve(tool, key), "status"))
@@ -209,13 +250,10 @@ class CallTools:
         """Persist the receipt, then feed it to the session (which may end it needs_human)."""
         services = self.services
         services.faults.reached("before_receipt_persist")
-        services.store.record_receipt(
-            ToolReceipt(
-                idempotency_key=done.key,
-                outcome=done.outcome.outcome,
-                detail={**done.outcome.detail, "via": done.via},
-                at=time.time(),
-            )
+        at = self.wall()
+        # The writer keeps order: the receipt row is durable before the tool_receipt event.
+        services.writer.submit(
+            lambda store: store_receipt(store, done.key, done.outcome, via=done.via, at=at)
         )
         services.faults.reached("after_receipt_persist")
         self.receipts_seen += 1
@@ -227,11 +265,18 @@ class CallTools:
         )
         return ToolResult(tool_name, done.key, done.outcome.outcome, dict(done.outcome.detail))
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, key: str, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks[key] = task
+        task.add_done_callback(lambda done: self._forget(key, done))
 
-    def cancel(self) -> None:
-        for task in self._tasks:
-            task.cancel()
+    def _forget(self, key: str, task: asyncio.Task[None]) -> None:
+        if self._tasks.get(key) is task:
+            del self._tasks[key]
+
+    def cancel(self, keys: tuple[str, ...] | None = None) -> None:
+        """Abandon in-flight HTTP work (all of it, or for ``keys``). What was sent stays an
+        outstanding intent: reconciliation asks the provider about it, never sends it again."""
+        for key, task in list(self._tasks.items()):
+            if keys is None or key in keys:
+                task.cancel()

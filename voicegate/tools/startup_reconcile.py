@@ -23,8 +23,9 @@ from config.tools import ToolSettings
 from session import effects as fx
 from session import events as sev
 from session.durable import DurableSession
-from session.store import LeaseLost, SessionFinished, SessionStore, ToolIntent, ToolReceipt
+from session.store import LeaseLost, SessionFinished, SessionStore
 from voicegate.tools.client import DEFINITIVE, ToolClient, ToolOutcome
+from voicegate.tools.records import ensure_intent_row, store_receipt
 
 log = logging.getLogger("voicegate.reconcile")
 
@@ -40,7 +41,7 @@ async def settle_predecessors(
     deadline_s: float,
     record_effects: Callable[[list[fx.Effect]], None],
     on_outcome: Callable[[str, str], None],
-    wall: Callable[[], float] = time.time,
+    now: Callable[[], float] = time.time,
 ) -> int:
     """Reconcile the outstanding intents of dead predecessors' sessions; returns how many."""
     settled = 0
@@ -51,10 +52,10 @@ async def settle_predecessors(
             continue  # nothing in flight: the reaper alone finalises it
         try:
             session = DurableSession.take_over(
-                store, summary.session_id, owner=f"{me}/reconcile", now=wall()
+                store, summary.session_id, owner=f"{me}/reconcile", now=now()
             )
             lost = sev.OwnerLost("the process serving the call died")
-            record_effects(session.apply(lost, wall()))
+            record_effects(session.apply(lost, now()))
         except (LeaseLost, SessionFinished) as exc:
             _left_to_another(summary.session_id, exc)
             continue
@@ -64,30 +65,14 @@ async def settle_predecessors(
             outcome = await _settle(
                 store, client, tools, intent.key, intent.tool, attempts, deadline_s
             )
-            if store.intent(intent.key) is None:
-                # The crash fell between the intent event and its row: the log is the truth.
-                store.record_intent(
-                    ToolIntent(
-                        intent.key,
-                        summary.session_id,
-                        intent.turn_id,
-                        intent.tool,
-                        intent.kind,
-                        intent.digest,
-                        {},
-                        wall(),
-                    )
-                )
-            store.record_receipt(
-                ToolReceipt(
-                    intent.key, outcome.outcome, {**outcome.detail, "via": "startup"}, wall()
-                )
-            )
+            # A crash between the intent event and its row: the log is the truth, arguments too.
+            ensure_intent_row(store, summary.session_id, intent, at=now())
+            store_receipt(store, intent.key, outcome, via="startup", at=now())
             receipt = sev.ToolReceipt(
                 intent.key, outcome.outcome, str(outcome.detail.get("reason", ""))
             )
             try:
-                record_effects(session.apply(receipt, wall()))
+                record_effects(session.apply(receipt, now()))
             except LeaseLost as exc:
                 # The stored receipt stays: whoever owns the session now settles from it.
                 _left_to_another(summary.session_id, exc)
