@@ -170,3 +170,8 @@ class StaleEventIgnored(Effect):
     kind: ClassVar[str] = "stale_event_ignored"
     event_type: str
     why: str
+
+
+# What a transition returns beside the new state: the effects, in the order to execute them.
+# Helpers append to the caller's list, so one step's effects keep the order they were decided in.
+Effects = list[Effect]

@@ -155,14 +155,6 @@ class ResponseStarted(Event):
 
 
 @dataclass(frozen=True, slots=True)
-class ResponseChunk(Event):
-    """A chunk of response audio asks to be played; never changes state, may be stale."""
-
-    type: ClassVar[str] = "response_chunk"
-    response_id: str = ""
-
-
-@dataclass(frozen=True, slots=True)
 class ResponseInterrupted(Event):
     type: ClassVar[str] = "response_interrupted"
     response_id: str = ""
@@ -273,7 +265,6 @@ EVENT_TYPES: dict[str, type[Event]] = {
         TurnStarted,
         TurnCommitted,
         ResponseStarted,
-        ResponseChunk,
         ResponseInterrupted,
         ResponseFinished,
         ToolIntent,

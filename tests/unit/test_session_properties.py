@@ -120,7 +120,6 @@ def blind_strategies(generation: int, current_attempt: int) -> EventStrategies:
         ev.ResponseStarted: st.builds(
             ev.ResponseStarted, response_id=response_ids, turn_id=turn_ids
         ),
-        ev.ResponseChunk: st.builds(ev.ResponseChunk, response_id=response_ids),
         ev.ResponseInterrupted: st.builds(
             ev.ResponseInterrupted, response_id=response_ids, heard_ms=st.just(120)
         ),
@@ -215,7 +214,6 @@ def conversation_events(state: SessionState) -> list[ev.Event]:
     if state.response is not None:
         rid = state.response.response_id
         events += [
-            ev.ResponseChunk(rid),
             ev.ResponseFinished(rid, 500),
             ev.ResponseInterrupted(rid, 200),
             ev.ApprovalGiven("a1"),
@@ -436,8 +434,8 @@ class SessionProperties(RuleBasedStateMachine):
                 assert not started
                 assert after.recovery.generation == before.recovery.generation
 
-        # Versions: +1 per logged event; stale events and chunks change nothing at all.
-        if is_stale(effects) or isinstance(event, ev.ResponseChunk):
+        # Versions: +1 per logged event; stale events change nothing at all.
+        if is_stale(effects):
             assert after.version == before.version
             assert after is before or after == before
         else:
