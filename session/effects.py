@@ -73,7 +73,7 @@ class AttemptRecovery(Effect):
 
 @dataclass(frozen=True, slots=True)
 class RecoveryFinished(Effect):
-    """``outcome``: recovered, timed_out, canceled (the caller left) or failed."""
+    """``outcome``: a :class:`~session.vocabulary.RecoveryOutcome`."""
 
     kind: ClassVar[str] = "recovery_finished"
     generation: int

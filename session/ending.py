@@ -16,14 +16,21 @@ from session.deadlines import drop_all
 from session.gate import set_gate
 from session.playback import cut_playback
 from session.recovery import finished, in_flight
-from session.state import AgentLink, Ending, Gate, Media, SessionState, Signaling, Terminal
+from session.state import AgentLink, Ending, Gate, Media, SessionState, Signaling
+from session.vocabulary import EndingStage, RecoveryOutcome, Terminal
+
+# How an ending reports a recovery it cut short; any other ending cancels it.
+_RECOVERY_ENDED_BY = {
+    Terminal.TIMED_OUT: RecoveryOutcome.TIMED_OUT,
+    Terminal.FAILED: RecoveryOutcome.FAILED,
+}
 
 
 def terminate(
     state: SessionState,
     terminal: Terminal,
     reason: str,
-    stage: str | None,
+    stage: EndingStage | None,
     now: float,
     out: fx.Effects,
     *,
@@ -43,9 +50,7 @@ def terminate(
     if state.outstanding:
         out.append(fx.PersistOutstanding(state.outstanding_keys()))
     if state.recovery is not None:
-        outcome = {Terminal.TIMED_OUT: "timed_out", Terminal.FAILED: "failed"}.get(
-            terminal, "canceled"
-        )
+        outcome = _RECOVERY_ENDED_BY.get(terminal, RecoveryOutcome.CANCELED)
         out.append(finished(state.recovery, outcome, now))
     if caller_present and say is not None:
         out.append(fx.Say(say))
@@ -54,14 +59,14 @@ def terminate(
     out.append(fx.ReleaseMedia())
     if caller_present:
         out.append(fx.HangUp(reason))
-    out.append(fx.Finished(terminal.value, reason, stage))
+    out.append(fx.Finished(terminal, reason, stage))
     return replace(
         state,
         recovery=None,
         media=Media.RELEASED if state.media is not Media.NONE else Media.NONE,
         agent_link=AgentLink.CLOSED,
         signaling=Signaling.GONE,
-        ended=Ending(terminal.value, reason, stage, now),
+        ended=Ending(terminal, reason, stage, now),
     )
 
 

@@ -189,7 +189,7 @@ class ToolRequestSent(Event):
 
 @dataclass(frozen=True, slots=True)
 class ToolReceipt(Event):
-    """``outcome``: committed, failed, not_started or unknown."""
+    """``outcome``: one of :class:`~session.vocabulary.Outcome` (anything else is refused)."""
 
     type: ClassVar[str] = "tool_receipt"
     key: str = ""

@@ -61,6 +61,16 @@ from session.state import (
     Terminal,
     Turn,
 )
+from session.vocabulary import (
+    INTENT_KINDS,
+    RECEIPT_OUTCOMES,
+    EndingStage,
+    IntentKind,
+    IntentStage,
+    Interruption,
+    Outcome,
+    RecoveryOutcome,
+)
 
 Effects = fx.Effects
 Result = tuple[SessionState, Effects]
@@ -98,7 +108,7 @@ def _on_call_answered(state: SessionState, event: ev.CallAnswered, now: float) -
 def _on_reinvite_started(state: SessionState, event: ev.ReinviteStarted, now: float) -> Result:
     out: Effects = []
     state = replace(state, signaling=Signaling.REINVITE_PENDING)
-    return interrupt(state, "reinvite", now, out), out
+    return interrupt(state, Interruption.REINVITE, now, out), out
 
 
 def _on_reinvite_finished(state: SessionState, event: ev.ReinviteFinished, now: float) -> Result:
@@ -107,13 +117,13 @@ def _on_reinvite_finished(state: SessionState, event: ev.ReinviteFinished, now: 
     # RFC 6141: a failed re-INVITE leaves the previous session (and media) in place.
     out: Effects = []
     state = replace(state, signaling=Signaling.UP)
-    return recovered(state, "reinvite", now, out), out
+    return recovered(state, Interruption.REINVITE, now, out), out
 
 
 def _on_transfer_started(state: SessionState, event: ev.TransferStarted, now: float) -> Result:
     out: Effects = []
     state = replace(state, signaling=Signaling.TRANSFERRING)
-    return interrupt(state, "transfer", now, out), out
+    return interrupt(state, Interruption.TRANSFER, now, out), out
 
 
 def _on_transfer_progress(state: SessionState, event: ev.TransferProgress, now: float) -> Result:
@@ -129,13 +139,19 @@ def _on_transfer_finished(state: SessionState, event: ev.TransferFinished, now: 
         if state.outstanding:
             reason = f"transferred with {ending.unknown_outcomes(state)}"
             return ending.terminate(
-                state, Terminal.NEEDS_HUMAN, reason, "transfer", now, out, caller_present=False
+                state,
+                Terminal.NEEDS_HUMAN,
+                reason,
+                EndingStage.TRANSFER,
+                now,
+                out,
+                caller_present=False,
             ), out
         return ending.terminate(
             state, Terminal.COMPLETED, "transferred", None, now, out, caller_present=False
         ), out
     state = replace(state, signaling=Signaling.UP)
-    return recovered(state, "transfer", now, out), out
+    return recovered(state, Interruption.TRANSFER, now, out), out
 
 
 def _on_caller_hangup(state: SessionState, event: ev.CallerHangup, now: float) -> Result:
@@ -144,7 +160,7 @@ def _on_caller_hangup(state: SessionState, event: ev.CallerHangup, now: float) -
     if state.signaling is Signaling.OFFERED:
         terminal, reason, stage = Terminal.CANCELED, "caller hung up before answer", None
     elif state.outstanding:
-        terminal, stage = Terminal.NEEDS_HUMAN, "hangup"
+        terminal, stage = Terminal.NEEDS_HUMAN, EndingStage.HANGUP
         reason = f"caller hung up with {ending.unknown_outcomes(state)}"
     elif state.recovery is not None or state.gate is not Gate.OPEN:
         terminal, reason, stage = Terminal.CANCELED, "caller hung up during recovery", None
@@ -157,7 +173,7 @@ def _on_dialog_failed(state: SessionState, event: ev.DialogFailed, now: float) -
     out: Effects = []
     reason = ending.dialog_failed(event.status, event.reason, state)
     return ending.terminate(
-        state, Terminal.FAILED, reason, "signaling", now, out, caller_present=False
+        state, Terminal.FAILED, reason, EndingStage.SIGNALING, now, out, caller_present=False
     ), out
 
 
@@ -166,18 +182,18 @@ def _on_session_expired(state: SessionState, event: ev.SessionExpired, now: floa
     reason = ending.session_expired(event.reason, state)
     # PJSIP has already sent the BYE: nobody is on the line to tell.
     return ending.terminate(
-        state, Terminal.TIMED_OUT, reason, "session_timer", now, out, caller_present=False
+        state, Terminal.TIMED_OUT, reason, EndingStage.SESSION_TIMER, now, out, caller_present=False
     ), out
 
 
 def _on_server_hangup(state: SessionState, event: ev.ServerHangup, now: float) -> Result:
-    if event.outcome not in ("completed", "canceled"):
+    if event.outcome not in (Terminal.COMPLETED, Terminal.CANCELED):
         raise IllegalTransition(state, event, "a server hang-up ends completed or canceled")
     out: Effects = []
     terminal, reason, stage = Terminal(event.outcome), event.reason, None
     if state.outstanding:
         terminal, reason = Terminal.NEEDS_HUMAN, ending.with_unknown(event.reason, state)
-        stage = "hangup"
+        stage = EndingStage.HANGUP
     caller_present = state.signaling is not Signaling.GONE
     return ending.terminate(
         state, terminal, reason, stage, now, out, caller_present=caller_present
@@ -192,7 +208,7 @@ def _on_media_lost(state: SessionState, event: ev.MediaLost, now: float) -> Resu
         raise IllegalTransition(state, event, "media is not flowing")
     out: Effects = []
     state = replace(state, media=Media.INTERRUPTED, media_since=now)
-    return interrupt(state, "media", now, out), out
+    return interrupt(state, Interruption.MEDIA, now, out), out
 
 
 def _on_media_restored(state: SessionState, event: ev.MediaRestored, now: float) -> Result:
@@ -202,7 +218,7 @@ def _on_media_restored(state: SessionState, event: ev.MediaRestored, now: float)
         return state, _ignored(event, why)
     out: Effects = []
     state = replace(state, media=Media.FLOWING, media_since=now)
-    return recovered(state, "media", now, out), out
+    return recovered(state, Interruption.MEDIA, now, out), out
 
 
 def _on_agent_link_lost(state: SessionState, event: ev.AgentLinkLost, now: float) -> Result:
@@ -210,7 +226,7 @@ def _on_agent_link_lost(state: SessionState, event: ev.AgentLinkLost, now: float
         raise IllegalTransition(state, event, "the agent link is not connected")
     out: Effects = []
     state = replace(state, agent_link=AgentLink.LOST)
-    return interrupt(state, "agent_link", now, out), out
+    return interrupt(state, Interruption.AGENT_LINK, now, out), out
 
 
 def _on_agent_link_restored(state: SessionState, event: ev.AgentLinkRestored, now: float) -> Result:
@@ -220,7 +236,7 @@ def _on_agent_link_restored(state: SessionState, event: ev.AgentLinkRestored, no
         return state, _ignored(event, why)
     out: Effects = []
     state = replace(state, agent_link=AgentLink.CONNECTED)
-    return recovered(state, "agent_link", now, out), out
+    return recovered(state, Interruption.AGENT_LINK, now, out), out
 
 
 # --- conversation -------------------------------------------------------------------------------
@@ -278,53 +294,51 @@ def _find(state: SessionState, key: str) -> Outstanding | None:
 
 
 def _on_tool_intent(state: SessionState, event: ev.ToolIntent, now: float) -> Result:
-    if event.kind not in ("read", "write"):
+    if event.kind not in INTENT_KINDS:
         raise IllegalTransition(state, event, f"tool kind {event.kind!r} is neither read nor write")
-    if event.kind == "write":
+    if event.kind == IntentKind.WRITE:
         require_open(state, event, "write tool call")
     elif state.gate is Gate.CLOSED:
         raise GateClosed(state, event, "the gate is closed")
     if _find(state, event.key) is not None:
         raise IllegalTransition(state, event, f"intent {event.key} is already outstanding")
-    intent = Outstanding(event.key, event.tool, event.kind, event.digest, event.turn_id)
+    intent = Outstanding(event.key, event.tool, IntentKind(event.kind), event.digest, event.turn_id)
     out: Effects = [fx.SendToolRequest(event.key)]
     return replace(state, outstanding=(*state.outstanding, intent)), out
 
 
 def _on_tool_request_sent(state: SessionState, event: ev.ToolRequestSent, now: float) -> Result:
     intent = _find(state, event.key)
-    if intent is None or intent.stage != "intended":
+    if intent is None or intent.stage is not IntentStage.INTENDED:
         raise IllegalTransition(state, event, f"intent {event.key} is not waiting to be sent")
-    if state.gate is not Gate.OPEN and intent.kind == "write":
+    if state.gate is not Gate.OPEN and intent.kind is IntentKind.WRITE:
         raise GateClosed(state, event, f"no write request while the gate is {state.gate.value}")
     updated = tuple(
-        replace(o, stage="sent") if o.key == event.key else o for o in state.outstanding
+        replace(o, stage=IntentStage.SENT) if o.key == event.key else o for o in state.outstanding
     )
     return replace(state, outstanding=updated), []
 
 
-_OUTCOMES = ("committed", "failed", "not_started", "unknown")
-
-
 def _on_tool_receipt(state: SessionState, event: ev.ToolReceipt, now: float) -> Result:
-    if event.outcome not in _OUTCOMES:
+    if event.outcome not in RECEIPT_OUTCOMES:
         raise IllegalTransition(
-            state, event, f"outcome {event.outcome!r} is not one of {_OUTCOMES}"
+            state, event, f"outcome {event.outcome!r} is not one of {RECEIPT_OUTCOMES}"
         )
     if _find(state, event.key) is None:
         raise IllegalTransition(state, event, f"intent {event.key} is not outstanding")
     out: Effects = []
-    if event.outcome == "unknown":
+    if event.outcome == Outcome.UNKNOWN:
         # Never assume: an unknown outcome keeps the intent and stops automatic continuation.
         updated = tuple(
-            replace(o, stage="unknown") if o.key == event.key else o for o in state.outstanding
+            replace(o, stage=IntentStage.UNKNOWN) if o.key == event.key else o
+            for o in state.outstanding
         )
         state = replace(state, outstanding=updated)
         return ending.terminate(
             state,
             Terminal.NEEDS_HUMAN,
             ending.unknown_outcomes(state),
-            "reconciliation",
+            EndingStage.RECONCILIATION,
             now,
             out,
             caller_present=_caller_present(state),
@@ -368,7 +382,7 @@ def _on_deadline_fired(state: SessionState, event: ev.DeadlineFired, now: float)
             state,
             Terminal.TIMED_OUT,
             reason,
-            "recovery",
+            EndingStage.RECOVERY,
             now,
             out,
             caller_present=caller_present,
@@ -387,7 +401,7 @@ def _on_deadline_fired(state: SessionState, event: ev.DeadlineFired, now: float)
             state,
             Terminal.TIMED_OUT,
             ending.no_input(state),
-            "no_input",
+            EndingStage.NO_INPUT,
             now,
             out,
             caller_present=caller_present,
@@ -399,7 +413,7 @@ def _on_deadline_fired(state: SessionState, event: ev.DeadlineFired, now: float)
             state,
             Terminal.TIMED_OUT,
             ending.max_duration(state),
-            "max_duration",
+            EndingStage.MAX_DURATION,
             now,
             out,
             caller_present=caller_present,
@@ -447,7 +461,7 @@ def _on_operator_resolution(
         state,
         terminal,
         ending.by_operator(event.note),
-        "operator",
+        EndingStage.OPERATOR,
         now,
         out,
         caller_present=_caller_present(state),
@@ -460,7 +474,7 @@ def _on_owner_lost(state: SessionState, event: ev.OwnerLost, now: float) -> Resu
         out.append(fx.StopGeneration())
     state = cut_playback(replace(state, turn=None), out)
     if state.recovery is not None:
-        out.append(finished(state.recovery, "failed", now))
+        out.append(finished(state.recovery, RecoveryOutcome.FAILED, now))
     state = drop_all(state, out)
     state = replace(
         state,
@@ -480,7 +494,7 @@ def _on_session_reaped(state: SessionState, event: ev.SessionReaped, now: float)
     reason = ending.reaped(event.reason, state)
     # The process is gone, so nobody is on the line to tell, and nothing is assumed.
     return ending.terminate(
-        state, Terminal.FAILED, reason, "process", now, out, caller_present=False
+        state, Terminal.FAILED, reason, EndingStage.PROCESS, now, out, caller_present=False
     ), out
 
 

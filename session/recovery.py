@@ -10,22 +10,27 @@ recovery finishes and the gate goes to reconciliation, never straight to open (s
 
 from __future__ import annotations
 
-import random
 from dataclasses import replace
 
 from session import effects as fx
+from session.backoff import Jitter, backoff_delay
 from session.deadlines import RECOVERY_TIMERS, Timer, arm, drop
 from session.gate import reconcile, set_gate
 from session.playback import cut_playback
 from session.state import Gate, Policy, Recovery, SessionState
+from session.vocabulary import IntentStage, Interruption, RecoveryOutcome
 
 
 def retry_delay(session_id: str, generation: int, attempt: int, policy: Policy) -> float:
-    """Exponential backoff with full jitter, seeded so replays and tests are deterministic."""
-    ceiling = min(policy.retry_cap_s, policy.retry_base_s * (2**attempt))
-    rng = random.Random(f"{session_id}/{generation}/{attempt}")
-    floor = min(policy.retry_base_s / 2, ceiling)
-    return float(floor + rng.random() * (ceiling - floor))
+    """Seconds before retry ``attempt`` of recovery ``generation``: seeded by the session and the
+    generation, so a replay schedules exactly the retries the live run did (logs depend on it)."""
+    return backoff_delay(
+        f"{session_id}/{generation}",
+        attempt,
+        base_s=policy.retry_base_s,
+        cap_s=policy.retry_cap_s,
+        jitter=Jitter.FROM_HALF_BASE,
+    )
 
 
 def stale_generation(state: SessionState, generation: int) -> str | None:
@@ -40,10 +45,10 @@ def stale_generation(state: SessionState, generation: int) -> str | None:
 
 def in_flight(state: SessionState) -> tuple[str, ...]:
     """Keys of the tool requests on the wire: abandoned (never resent) when the session is cut."""
-    return tuple(o.key for o in state.outstanding if o.stage == "sent")
+    return tuple(o.key for o in state.outstanding if o.stage is IntentStage.SENT)
 
 
-def interrupt(state: SessionState, kind: str, now: float, out: fx.Effects) -> SessionState:
+def interrupt(state: SessionState, kind: Interruption, now: float, out: fx.Effects) -> SessionState:
     """Any interruption: freeze, cut playback, and start (or join) the one recovery."""
     state = cut_playback(state, out)
     if state.gate is not Gate.CLOSED:
@@ -78,21 +83,21 @@ def schedule_retry(
     return state
 
 
-def finished(recovery: Recovery, outcome: str, now: float) -> fx.RecoveryFinished:
+def finished(recovery: Recovery, outcome: RecoveryOutcome, now: float) -> fx.RecoveryFinished:
     """The effect that reports how ``recovery`` ended, and how long it ran."""
     return fx.RecoveryFinished(
         recovery.generation, recovery.interruptions, outcome, round(now - recovery.started_at, 6)
     )
 
 
-def recovered(state: SessionState, kind: str, now: float, out: fx.Effects) -> SessionState:
+def recovered(state: SessionState, kind: Interruption, now: float, out: fx.Effects) -> SessionState:
     """One interruption is over; when none is left, hand the gate to reconciliation."""
     recovery = state.recovery
     assert recovery is not None
     left = tuple(k for k in recovery.interruptions if k != kind)
     if left:
         return replace(state, recovery=replace(recovery, interruptions=left))
-    out.append(finished(recovery, "recovered", now))
+    out.append(finished(recovery, RecoveryOutcome.RECOVERED, now))
     state = drop(replace(state, recovery=None), RECOVERY_TIMERS, out)
     out.append(fx.NotifyAgent("resumed", "+".join(recovery.interruptions)))
     return reconcile(state, now, out)
