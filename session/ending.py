@@ -88,6 +88,15 @@ def dialog_failed(status: int, text: str, state: SessionState) -> str:
     return with_unknown(f"dialog failed: {status} {text}".strip(), state)
 
 
+def dialog_gone(status: int, text: str, state: SessionState) -> str:
+    """A recovery probe found no dialog: say what answered (or that nothing did)."""
+    if status == 0:
+        answer = f"OPTIONS got no answer ({text or 'transport error'})"
+    else:
+        answer = f"OPTIONS answered {status} {text}".strip()
+    return with_unknown(f"dialog gone: {answer}", state)
+
+
 def session_expired(text: str, state: SessionState) -> str:
     return with_unknown(f"session timer expired: {text}".rstrip(": "), state)
 

@@ -221,6 +221,22 @@ class RecoveryRetryDue(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class RecoveryProbed(Event):
+    """The answer to the in-dialog OPTIONS that an ``AttemptRecovery`` effect sent (seed 001: "the
+    current generation performs one scheduled attempt within the shared deadline").
+
+    ``status`` is the SIP status of the answer; PJSIP reports a transport failure as 503 with
+    "Transport" in ``reason``, and 0 means no answer arrived at all.
+    """
+
+    type: ClassVar[str] = "recovery_probed"
+    generation: int = 0
+    attempt: int = 0
+    status: int = 0
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class OperatorResolution(Event):
     type: ClassVar[str] = "operator_resolution"
     terminal_state: str = "canceled"
@@ -273,6 +289,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         ApprovalGiven,
         DeadlineFired,
         RecoveryRetryDue,
+        RecoveryProbed,
         OperatorResolution,
         OwnerLost,
         SessionReaped,

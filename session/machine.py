@@ -42,6 +42,7 @@ from session.errors import GateClosed, IllegalTransition, SessionTerminated
 from session.gate import reconcile, require_open, set_gate
 from session.playback import bump_generation, cut_playback, end_response
 from session.recovery import (
+    dialog_gone,
     finished,
     interrupt,
     recovered,
@@ -443,6 +444,26 @@ def _on_recovery_retry_due(state: SessionState, event: ev.RecoveryRetryDue, now:
     return schedule_retry(state, recovery, recovery.attempt, now, out), out
 
 
+def _on_recovery_probed(state: SessionState, event: ev.RecoveryProbed, now: float) -> Result:
+    if why := stale_generation(state, event.generation):
+        return state, _ignored(event, why)
+    recovery = state.recovery
+    assert recovery is not None
+    if not 0 <= event.attempt < recovery.attempt:
+        why = f"attempt {event.attempt} was not made ({recovery.attempt} so far)"
+        raise IllegalTransition(state, event, why)
+    if not dialog_gone(event.status, event.reason):
+        # The dialog exists: keep waiting within the recovery's deadline (nothing changes, but
+        # the answer is logged).
+        return state, []
+    # No BYE to a dialog that no longer exists, and nobody on it to tell.
+    out: Effects = []
+    reason = ending.dialog_gone(event.status, event.reason, state)
+    return ending.terminate(
+        state, Terminal.FAILED, reason, EndingStage.SIGNALING, now, out, caller_present=False
+    ), out
+
+
 def _on_operator_resolution(
     state: SessionState, event: ev.OperatorResolution, now: float
 ) -> Result:
@@ -581,6 +602,8 @@ TRANSITIONS: Mapping[type[ev.Event], Rule[Any]] = {rule.event: rule for rule in 
     # time and people
     Rule(ev.DeadlineFired, AFTER_OFFER, _on_deadline_fired),
     Rule(ev.RecoveryRetryDue, AFTER_OFFER, _on_recovery_retry_due),
+    # only a call that is up has a recovery, so a probe's answer anywhere else is late
+    Rule(ev.RecoveryProbed, CALL_UP, _on_recovery_probed, Ignore("no recovery is running")),
     Rule(ev.OperatorResolution, ANYWHERE, _on_operator_resolution),
     Rule(ev.OwnerLost, OWNED, _on_owner_lost, Refuse("the owner is already known to be lost")),
     Rule(ev.SessionReaped, ANYWHERE, _on_session_reaped),

@@ -83,6 +83,18 @@ def schedule_retry(
     return state
 
 
+# RFC 3261 section 12.2.1.2 and RFC 5057 section 5.1: a 481 (or 408, the request timing out)
+# to a request inside a dialog means the dialog is gone; so does a transport failure, which
+# PJSIP reports as 503 with "Transport" in the reason (and status 0: no answer at all). Any
+# other answer (200, or 405/501 from a peer without OPTIONS) proves the dialog still exists.
+_DIALOG_GONE = (481, 408, 0)
+
+
+def dialog_gone(status: int, reason: str) -> bool:
+    """Whether a probe's answer says the dialog no longer exists."""
+    return status in _DIALOG_GONE or (status == 503 and "transport" in reason.lower())
+
+
 def finished(recovery: Recovery, outcome: RecoveryOutcome, now: float) -> fx.RecoveryFinished:
     """The effect that reports how ``recovery`` ended, and how long it ran."""
     return fx.RecoveryFinished(

@@ -212,9 +212,7 @@ def test_caller_hangup_before_answer_cancels_the_session() -> None:
 
 
 def test_step_moves_only_on_accepted_events() -> None:
-    state, effects = step(
-        SessionState(SID), ev.CallOffered("+15550001234", "service", POLICY), 0
-    )
+    state, effects = step(SessionState(SID), ev.CallOffered("+15550001234", "service", POLICY), 0)
     assert effects == []
     before = state.to_dict()
     with pytest.raises(IllegalTransition):
@@ -849,6 +847,7 @@ SAMPLES: list[ev.Event] = [
     ev.ApprovalGiven("a1"),
     ev.DeadlineFired("honesty", 2),
     ev.RecoveryRetryDue(2, 3),
+    ev.RecoveryProbed(2, 1, 481, "Call/Transaction Does Not Exist"),
     ev.OperatorResolution("needs_human", "called back"),
     ev.OwnerLost("the process serving the call died"),
     ev.SessionReaped("worker died"),
