@@ -73,7 +73,7 @@ class AttemptRecovery(Effect):
 
 @dataclass(frozen=True, slots=True)
 class RecoveryFinished(Effect):
-    """``outcome``: recovered, timed_out, canceled (the caller left) or failed."""
+    """``outcome``: a :class:`~session.vocabulary.RecoveryOutcome`."""
 
     kind: ClassVar[str] = "recovery_finished"
     generation: int
@@ -170,6 +170,11 @@ class StaleEventIgnored(Effect):
     kind: ClassVar[str] = "stale_event_ignored"
     event_type: str
     why: str
+
+
+# What a transition returns beside the new state: the effects, in the order to execute them.
+# Helpers append to the caller's list, so one step's effects keep the order they were decided in.
+Effects = list[Effect]
 
 
 # Every effect type, for exhaustive matches (``typing.assert_never``): an effect added above and

@@ -155,14 +155,6 @@ class ResponseStarted(Event):
 
 
 @dataclass(frozen=True, slots=True)
-class ResponseChunk(Event):
-    """A chunk of response audio asks to be played; never changes state, may be stale."""
-
-    type: ClassVar[str] = "response_chunk"
-    response_id: str = ""
-
-
-@dataclass(frozen=True, slots=True)
 class ResponseInterrupted(Event):
     type: ClassVar[str] = "response_interrupted"
     response_id: str = ""
@@ -200,7 +192,7 @@ class ToolRequestSent(Event):
 
 @dataclass(frozen=True, slots=True)
 class ToolReceipt(Event):
-    """``outcome``: committed, failed, not_started or unknown."""
+    """``outcome``: one of :class:`~session.vocabulary.Outcome` (anything else is refused)."""
 
     type: ClassVar[str] = "tool_receipt"
     key: str = ""
@@ -229,6 +221,22 @@ class RecoveryRetryDue(Event):
     type: ClassVar[str] = "recovery_retry_due"
     generation: int = 0
     attempt: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryProbed(Event):
+    """The answer to the in-dialog OPTIONS that an ``AttemptRecovery`` effect sent (seed 001: "the
+    current generation performs one scheduled attempt within the shared deadline").
+
+    ``status`` is the SIP status of the answer; PJSIP reports a transport failure as 503 with
+    "Transport" in ``reason``, and 0 means no answer arrived at all.
+    """
+
+    type: ClassVar[str] = "recovery_probed"
+    generation: int = 0
+    attempt: int = 0
+    status: int = 0
+    reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,7 +284,6 @@ EVENT_TYPES: dict[str, type[Event]] = {
         TurnStarted,
         TurnCommitted,
         ResponseStarted,
-        ResponseChunk,
         ResponseInterrupted,
         ResponseFinished,
         ToolIntent,
@@ -285,6 +292,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         ApprovalGiven,
         DeadlineFired,
         RecoveryRetryDue,
+        RecoveryProbed,
         OperatorResolution,
         OwnerLost,
         SessionReaped,

@@ -24,6 +24,7 @@ from session.store import (
     SessionStore,
     SessionSummary,
 )
+from session.vocabulary import OwnerId
 
 log = logging.getLogger("voicegate.reaper")
 
@@ -74,11 +75,12 @@ def reap_stale(store: SessionStore, *, me: str, now: float, stale_after_s: float
 def reap_predecessors(store: SessionStore, *, worker: str, me: str, now: float) -> list[str]:
     """At start-up: finalise what earlier incarnations of this worker left open.
 
-    Owners are ``<worker>/<incarnation>``; an incarnation of my worker that is not me is dead,
-    whatever the age of its sessions (it is this very process's predecessor).
+    Owners are ``<worker>/<incarnation>`` (:class:`~session.vocabulary.OwnerId`); an incarnation
+    of my worker that is not me is dead, whatever the age of its sessions (it is this very
+    process's predecessor).
     """
     reaped = []
-    for summary in store.open_sessions(owner_prefix=f"{worker}/"):
+    for summary in store.open_sessions(owner_prefix=OwnerId.prefix(worker)):
         if summary.owner == me:
             continue
         if reap_one(store, summary, me=me, now=now, reason=REASON_PREDECESSOR):

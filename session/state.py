@@ -16,6 +16,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from session.vocabulary import (
+    TERMINAL_STATES,
+    EndingStage,
+    IntentKind,
+    IntentStage,
+    Interruption,
+    Terminal,
+)
+
 
 class Signaling(enum.StrEnum):
     NONE = "none"
@@ -46,15 +55,24 @@ class Gate(enum.StrEnum):
     CLOSED = "closed"
 
 
-class Terminal(enum.StrEnum):
-    COMPLETED = "completed"
-    CANCELED = "canceled"
-    TIMED_OUT = "timed_out"
-    FAILED = "failed"
-    NEEDS_HUMAN = "needs_human"
-
-
-TERMINAL_STATES = tuple(t.value for t in Terminal)
+# Terminal and TERMINAL_STATES live in session.vocabulary; imported here for the importers of
+# session.state (voicegate/control/http_api.py imports TERMINAL_STATES from here).
+__all__ = [
+    "TERMINAL_STATES",
+    "AgentLink",
+    "Deadline",
+    "Ending",
+    "Gate",
+    "Media",
+    "Outstanding",
+    "Policy",
+    "Recovery",
+    "Response",
+    "SessionState",
+    "Signaling",
+    "Terminal",
+    "Turn",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,17 +96,27 @@ class Policy:
 
 @dataclass(frozen=True, slots=True)
 class Outstanding:
-    """A tool intent without a final receipt. ``stage``: intended, sent or unknown."""
+    """A tool intent without a final receipt."""
 
     key: str
     tool: str
-    kind: str
+    kind: IntentKind
     digest: str
     turn_id: str
-    stage: str = "intended"
+    stage: IntentStage = IntentStage.INTENDED
     # The request's arguments as the intent event logged them: a restart reconciles (and an
     # operator reads) the real request, not a copy that lived only in memory.
     arguments: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Outstanding:
+        return cls(
+            **{
+                **data,
+                "kind": IntentKind(data["kind"]),
+                "stage": IntentStage(data["stage"]),
+            }
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +130,7 @@ class Recovery:
     """The one recovery attempt that currently owns the session (seed 001)."""
 
     generation: int
-    interruptions: tuple[str, ...]
+    interruptions: tuple[Interruption, ...]
     started_at: float
     deadline: float
     attempt: int = 0
@@ -123,10 +151,20 @@ class Response:
 
 @dataclass(frozen=True, slots=True)
 class Ending:
-    terminal_state: str
+    terminal_state: Terminal
     reason: str
-    stage: str | None
+    stage: EndingStage | None
     at: float
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Ending:
+        stage = data["stage"]
+        return cls(
+            Terminal(data["terminal_state"]),
+            data["reason"],
+            None if stage is None else EndingStage(stage),
+            data["at"],
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +203,7 @@ class SessionState:
         if self.ended is not None:
             return (self.ended.terminal_state,)
         if self.outstanding:
-            return ("timed_out", "failed", "needs_human")
+            return (Terminal.TIMED_OUT.value, Terminal.FAILED.value, Terminal.NEEDS_HUMAN.value)
         return TERMINAL_STATES
 
     def status(self) -> str:
@@ -222,11 +260,13 @@ class SessionState:
             playback_generation=data["playback_generation"],
             recovery=None
             if recovery is None
-            else Recovery(**{**recovery, "interruptions": tuple(recovery["interruptions"])}),
+            else Recovery(
+                **{**recovery, "interruptions": tuple(map(Interruption, recovery["interruptions"]))}
+            ),
             recovery_generation=data["recovery_generation"],
-            outstanding=tuple(Outstanding(**o) for o in data["outstanding"]),
+            outstanding=tuple(Outstanding.from_dict(o) for o in data["outstanding"]),
             approvals=tuple(data["approvals"]),
             deadlines={k: Deadline(**v) for k, v in data["deadlines"].items()},
             answered_at=data["answered_at"],
-            ended=opt(Ending, data["ended"]),
+            ended=None if data["ended"] is None else Ending.from_dict(data["ended"]),
         )

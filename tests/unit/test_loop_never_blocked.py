@@ -35,4 +35,9 @@ def test_sync_tests_are_not_watched() -> None:
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     # The blocking test itself passes; the rule fails it at teardown, naming the callback.
     result.assert_outcomes(passed=3, errors=1)
-    result.stdout.fnmatch_lines(["*event loop was blocked for more than 50 ms*test_blocks*"])
+    result.stdout.fnmatch_lines(
+        [
+            "*ERROR at teardown of test_blocks*",
+            "*the event loop was blocked for more than 50 ms*held the loop*blocking waits*",
+        ]
+    )

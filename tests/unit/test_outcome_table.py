@@ -6,14 +6,25 @@ import pytest
 
 from session import effects as fx
 from session import events as ev
-from session.machine import GateClosed, SessionMachine
-from session.state import Gate
+from session.machine import GateClosed, step
+from session.state import Gate, SessionState
 
 
-def _frozen_with_intent(outcomes_first: tuple[str, ...] = ()) -> SessionMachine:
+class Session:
+    """A session's state and the effects of its last step: the tests' view of ``step``."""
+
+    def __init__(self, session_id: str) -> None:
+        self.state = SessionState(session_id)
+
+    def handle(self, event: ev.Event, now: float) -> list[fx.Effect]:
+        self.state, effects = step(self.state, event, now)
+        return effects
+
+
+def _frozen_with_intent(outcomes_first: tuple[str, ...] = ()) -> Session:
     """An answered call with one write intent sent, then a media gap that was recovered, so the
     gate is reconciling with that intent outstanding."""
-    m = SessionMachine.new("s")
+    m = Session("s")
     m.handle(ev.CallOffered(), 0.0)
     m.handle(ev.CallAnswered(), 1.0)
     m.handle(ev.TurnStarted("t1"), 2.0)
@@ -29,7 +40,7 @@ def _frozen_with_intent(outcomes_first: tuple[str, ...] = ()) -> SessionMachine:
 
 
 def test_no_outstanding_intents_opens_the_gate() -> None:
-    m = SessionMachine.new("s")
+    m = Session("s")
     m.handle(ev.CallOffered(), 0.0)
     m.handle(ev.CallAnswered(), 1.0)
     m.handle(ev.MediaLost(), 2.0)

@@ -19,7 +19,6 @@ from session import events as ev
 from session.machine import (
     GateClosed,
     IllegalTransition,
-    SessionMachine,
     SessionTerminated,
     replay,
     retry_delay,
@@ -170,9 +169,6 @@ def test_a_turn_and_its_response_run_through_an_open_gate() -> None:
     assert state.response == Response("r1", "t1", 0)
     assert state.version == 5
 
-    chunked, effects_of_chunk = step(state, ev.ResponseChunk("r1"), 4.5)
-    assert effects_of_chunk == [] and chunked is state  # plays; nothing to log
-
     done, effects_of_finish = step(state, ev.ResponseFinished("r1", heard_ms=1800), 6.0)
     assert effects_of_finish == []
     assert done.response is None and done.turn is None and done.version == 6
@@ -215,15 +211,16 @@ def test_caller_hangup_before_answer_cancels_the_session() -> None:
     assert ended.media is Media.NONE  # never had any to release
 
 
-def test_session_machine_moves_only_on_accepted_events() -> None:
-    machine = SessionMachine.new(SID)
-    assert machine.handle(ev.CallOffered("+15550001234", "service", POLICY), 0) == []
-    before = machine.state
+def test_step_moves_only_on_accepted_events() -> None:
+    state, effects = step(SessionState(SID), ev.CallOffered("+15550001234", "service", POLICY), 0)
+    assert effects == []
+    before = state.to_dict()
     with pytest.raises(IllegalTransition):
-        machine.handle(ev.TurnStarted("t1"), 0.5)
-    assert machine.state is before
-    assert machine.handle(ev.CallAnswered(), 1.0) == [fx.ScheduleTimer("max_duration", 601.0, 0)]
-    assert machine.state == answered()
+        step(state, ev.TurnStarted("t1"), 0.5)
+    assert state.to_dict() == before
+    state, effects = step(state, ev.CallAnswered(), 1.0)
+    assert effects == [fx.ScheduleTimer("max_duration", 601.0, 0)]
+    assert state == answered()
 
 
 # --- interruptions ------------------------------------------------------------------------------
@@ -475,7 +472,6 @@ def test_caller_hangup_during_recovery_cancels_it_at_once() -> None:
         ev.DeadlineFired("recovery", 1),
         ev.RecoveryRetryDue(1, 0),
         ev.CallerHangup(),
-        ev.ResponseChunk("r1"),
         ev.OperatorResolution("completed"),
     ],
 )
@@ -720,25 +716,7 @@ def test_an_illegal_event_message_reads_whole() -> None:
     )
 
 
-# --- response chunks ----------------------------------------------------------------------------
-
-
-def test_a_chunk_of_the_active_response_plays_without_effects_or_a_version() -> None:
-    state = speaking()
-    after, effects = step(state, ev.ResponseChunk("r1"), 4.2)
-    assert effects == [] and after is state and after.version == state.version
-
-
-@pytest.mark.parametrize(
-    "ending",
-    [ev.ResponseFinished("r1", 900), ev.ResponseInterrupted("r1", 300), ev.MediaLost()],
-    ids=["finished", "barge-in", "interruption"],
-)
-def test_a_chunk_of_an_ended_response_is_stale(ending: ev.Event) -> None:
-    state, _ = step(speaking(), ending, 5.0)
-    after, effects = step(state, ev.ResponseChunk("r1"), 5.1)
-    assert effects == [fx.StaleEventIgnored("response_chunk", "response r1 is not the active one")]
-    assert after is state
+# --- barge-in -------------------------------------------------------------------------------------
 
 
 def test_barge_in_bumps_the_playback_generation() -> None:
@@ -861,7 +839,6 @@ SAMPLES: list[ev.Event] = [
     ev.TurnStarted("t1"),
     ev.TurnCommitted("t1"),
     ev.ResponseStarted("r1", "t1"),
-    ev.ResponseChunk("r1"),
     ev.ResponseInterrupted("r1", 250),
     ev.ResponseFinished("r1", 900),
     ev.ToolIntent("k1", "book", "read", "abc", "t1"),
@@ -870,6 +847,7 @@ SAMPLES: list[ev.Event] = [
     ev.ApprovalGiven("a1"),
     ev.DeadlineFired("honesty", 2),
     ev.RecoveryRetryDue(2, 3),
+    ev.RecoveryProbed(2, 1, 481, "Call/Transaction Does Not Exist"),
     ev.OperatorResolution("needs_human", "called back"),
     ev.OwnerLost("the process serving the call died"),
     ev.SessionReaped("worker died"),

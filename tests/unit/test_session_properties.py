@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import json
+from dataclasses import replace
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
@@ -54,6 +55,18 @@ DEADLINE_NAMES = (
 
 Logged = list[tuple[ev.Event, float]]
 INTERRUPTIONS = (ev.MediaLost, ev.AgentLinkLost, ev.ReinviteStarted, ev.TransferStarted)
+# Answers to a recovery probe (an in-dialog OPTIONS): the first four mean the dialog is gone.
+PROBE_ANSWERS = (
+    (481, "Call/Transaction Does Not Exist"),
+    (408, "Request Timeout"),
+    (503, "Transport Error"),
+    (0, ""),
+    (200, "OK"),
+    (405, "Method Not Allowed"),
+    (501, "Not Implemented"),
+    (503, "Service Unavailable"),
+)
+GONE_ANSWERS = PROBE_ANSWERS[:4]
 
 
 POLICIES: st.SearchStrategy[dict[str, float]] = st.fixed_dictionaries(
@@ -120,7 +133,6 @@ def blind_strategies(generation: int, current_attempt: int) -> EventStrategies:
         ev.ResponseStarted: st.builds(
             ev.ResponseStarted, response_id=response_ids, turn_id=turn_ids
         ),
-        ev.ResponseChunk: st.builds(ev.ResponseChunk, response_id=response_ids),
         ev.ResponseInterrupted: st.builds(
             ev.ResponseInterrupted, response_id=response_ids, heard_ms=st.just(120)
         ),
@@ -143,6 +155,12 @@ def blind_strategies(generation: int, current_attempt: int) -> EventStrategies:
             outcome=st.sampled_from(["committed", "failed", "not_started", "maybe"]),
         ),
         ev.RecoveryRetryDue: st.builds(ev.RecoveryRetryDue, generation=gen, attempt=attempt),
+        ev.RecoveryProbed: st.builds(
+            lambda g, a, answer: ev.RecoveryProbed(g, a, *answer),
+            gen,
+            st.sampled_from(sorted({max(0, current_attempt - 1), current_attempt})),
+            st.sampled_from(PROBE_ANSWERS),
+        ),
         ev.DeadlineFired: st.builds(
             ev.DeadlineFired,
             name=st.sampled_from(DEADLINE_NAMES),
@@ -173,6 +191,11 @@ ENDING_STRATEGIES: EventStrategies = {
     ),
     ev.OwnerLost: st.builds(ev.OwnerLost, reason=st.just("the process serving the call died")),
     ev.SessionReaped: st.builds(ev.SessionReaped, reason=st.just("worker died")),
+    ev.RecoveryProbed: st.builds(
+        lambda g, answer: ev.RecoveryProbed(g, 0, *answer),
+        st.integers(1, 2),
+        st.sampled_from(GONE_ANSWERS),
+    ),
 }
 ENDING_EVENTS: st.SearchStrategy[ev.Event] = st.one_of(list(ENDING_STRATEGIES.values()))
 
@@ -195,6 +218,10 @@ def lifecycle_events(state: SessionState) -> list[ev.Event]:
         return events
     g = recovery.generation
     events = [ev.RecoveryRetryDue(g, recovery.attempt)]
+    if recovery.attempt > 0:
+        # The answer to the last attempt: mostly "the dialog is there", sometimes "gone".
+        last = recovery.attempt - 1
+        events += [ev.RecoveryProbed(g, last, *answer) for answer in PROBE_ANSWERS[3:]]
     restores: dict[str, list[ev.Event]] = {
         "media": [ev.MediaRestored(g)],
         "agent_link": [ev.AgentLinkRestored(g)],
@@ -215,7 +242,6 @@ def conversation_events(state: SessionState) -> list[ev.Event]:
     if state.response is not None:
         rid = state.response.response_id
         events += [
-            ev.ResponseChunk(rid),
             ev.ResponseFinished(rid, 500),
             ev.ResponseInterrupted(rid, 200),
             ev.ApprovalGiven("a1"),
@@ -255,6 +281,9 @@ def ending_probes(state: SessionState) -> list[ev.Event]:
             ev.TransferFinished(state.recovery.generation, ok=True),
             ev.DeadlineFired("recovery", state.recovery.generation),
         ]
+        if state.recovery.attempt > 0:
+            g, last = state.recovery.generation, state.recovery.attempt - 1
+            probes += [ev.RecoveryProbed(g, last, *answer) for answer in GONE_ANSWERS]
     if "max_duration" in state.deadlines:
         probes.append(ev.DeadlineFired("max_duration", 0))
     return probes
@@ -337,6 +366,27 @@ class SessionProperties(RuleBasedStateMachine):
         # Only one call in four, so sessions get somewhere first (hypothesis favours small rolls).
         if roll == 3:
             self.feed(data.draw(ENDING_EVENTS))
+
+    @precondition(lambda self: self.running() and self.state.recovery is not None)
+    @rule(
+        live=st.sampled_from(PROBE_ANSWERS[4:]),
+        gone=st.sampled_from(GONE_ANSWERS),
+        roll=st.integers(0, 3),
+    )
+    def probe_answer(self, live: tuple[int, str], gone: tuple[int, str], roll: int) -> None:
+        """The answer to the recovery's last OPTIONS: after making the first attempt if none was
+        made yet; the dialog is gone one time in four."""
+        recovery = self.state.recovery
+        assert recovery is not None
+        retry = self.state.deadlines.get("recovery_retry")
+        if recovery.attempt == 0 and retry is not None:
+            self.now = max(self.now, retry.due)
+            self.feed(ev.RecoveryRetryDue(recovery.generation, 0))
+            recovery = self.state.recovery
+        if recovery is None or recovery.attempt == 0 or self.state.terminal:
+            return
+        answer = gone if roll == 3 else live
+        self.feed(ev.RecoveryProbed(recovery.generation, recovery.attempt - 1, *answer))
 
     @rule(dt=st.sampled_from([0.0, 0.01, 0.3, 1.5, 6.0]))
     def advance_clock(self, dt: float) -> None:
@@ -436,8 +486,32 @@ class SessionProperties(RuleBasedStateMachine):
                 assert not started
                 assert after.recovery.generation == before.recovery.generation
 
-        # Versions: +1 per logged event; stale events and chunks change nothing at all.
-        if is_stale(effects) or isinstance(event, ev.ResponseChunk):
+        # A probe's answer: the dialog is gone (the session fails at once, no BYE), or it is
+        # there (nothing changes but the version: the answer is logged).
+        if isinstance(event, ev.RecoveryProbed) and not is_stale(effects):
+            assert before.recovery is not None
+            assert event.generation == before.recovery.generation
+            assert event.attempt < before.recovery.attempt
+            if (event.status, event.reason) in GONE_ANSWERS:
+                assert after.ended is not None
+                assert (after.ended.terminal_state, after.ended.stage) == ("failed", "signaling")
+                assert after.ended.reason.startswith("dialog gone: OPTIONS ")
+                assert not any(isinstance(e, fx.HangUp | fx.Say) for e in effects)
+                assert (
+                    fx.RecoveryFinished(
+                        before.recovery.generation,
+                        before.recovery.interruptions,
+                        "failed",
+                        round(self.now - before.recovery.started_at, 6),
+                    )
+                    in effects
+                )
+            else:
+                assert effects == []
+                assert replace(after, version=before.version) == before
+
+        # Versions: +1 per logged event; stale events change nothing at all.
+        if is_stale(effects):
             assert after.version == before.version
             assert after is before or after == before
         else:

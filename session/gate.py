@@ -1,0 +1,54 @@
+"""The side-effect gate (seed 000): frozen by any interruption, opened only by reconciliation.
+
+``open`` admits new turns, responses and write tools; ``frozen`` (an interruption is running) and
+``reconciling`` (transport back, outstanding intents being queried) admit only status queries and
+reads; ``closed`` is for good (the session ended). The frozen time runs from the freeze through
+reconciliation, and each change is reported with it (a ``GateChanged`` effect).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from session import effects as fx
+from session.errors import GateClosed
+from session.events import Event
+from session.state import Gate, SessionState
+
+_HELD = (Gate.FROZEN, Gate.RECONCILING)
+
+
+def set_gate(state: SessionState, gate: Gate, now: float, out: fx.Effects) -> SessionState:
+    """Move the gate to ``gate`` (no effect if it is there already)."""
+    if state.gate is gate:
+        return state
+    frozen_s = 0.0
+    if state.gate in _HELD and state.gate_since is not None:
+        frozen_s = now - state.gate_since
+    if gate is Gate.OPEN or gate is Gate.CLOSED:
+        since = None
+    elif state.gate in _HELD:
+        since = state.gate_since  # frozen time runs on through reconciliation
+        frozen_s = 0.0
+    else:
+        since = now
+    out.append(fx.GateChanged(state.gate.value, gate.value, round(frozen_s, 6)))
+    return replace(state, gate=gate, gate_since=since)
+
+
+def reconcile(state: SessionState, now: float, out: fx.Effects) -> SessionState:
+    """The transport is back: open the gate, or first ask about the outstanding intents."""
+    if state.gate is Gate.CLOSED:
+        return state
+    if not state.outstanding:
+        # Seed 000: no outstanding calls -> open the gate (the old response stays cancelled).
+        return set_gate(state, Gate.OPEN, now, out)
+    state = set_gate(state, Gate.RECONCILING, now, out)
+    out.append(fx.Reconcile(state.outstanding_keys()))
+    return state
+
+
+def require_open(state: SessionState, event: Event, what: str) -> None:
+    """Refuse new work (``what``: turn, response, write tool call) unless the gate is open."""
+    if state.gate is not Gate.OPEN:
+        raise GateClosed(state, event, f"no new {what} while the gate is {state.gate.value}")
