@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import pjsua2 as pj
 
 from telephony import events as ev
+from telephony.sip_message import cseq
 
 if TYPE_CHECKING:
     from telephony.media_health import MediaHealth
@@ -67,6 +68,27 @@ class SipCall(pj.Call):  # type: ignore[misc]
         self.reinvite_pending = False
         self.health: MediaHealth | None = None
         self.remote_uri = ""
+        # Dialog probes (telephony.events.ProbeDialog) in flight: the OPTIONS request's CSeq
+        # number -> (generation, attempt). Set while sendRequest runs, which reports the new
+        # transaction (state CALLING) before it returns.
+        self._probes: dict[int, tuple[int, int]] = {}
+        self._sending_probe: tuple[int, int] | None = None
+
+    def probe(self, generation: int, attempt: int) -> None:
+        """Send OPTIONS within this call's dialog (RFC 3261 section 11); its final response is
+        posted as DialogProbed. Raises pj.Error if PJSIP cannot send it."""
+        prm = pj.CallSendRequestParam()
+        prm.method = "OPTIONS"
+        # RFC 3261 11.1: an Accept header field SHOULD be included; SDP, as pjsua offers.
+        accept = pj.SipHeader()
+        accept.hName = "Accept"
+        accept.hValue = "application/sdp"
+        prm.txOption.headers.append(accept)
+        self._sending_probe = (generation, attempt)
+        try:
+            self.sendRequest(prm)
+        finally:
+            self._sending_probe = None
 
     def onCallState(self, prm: Any) -> None:
         self.owner.on_call_state(self)
@@ -80,14 +102,36 @@ class SipCall(pj.Call):  # type: ignore[misc]
             self.owner.post(ev.ReinviteStarted(self.call_id))
 
     def onCallTsxState(self, prm: Any) -> None:
+        tsx = prm.e.body.tsxState.tsx
+        if tsx.role == pj.PJSIP_ROLE_UAC and tsx.method == "OPTIONS":
+            self._on_probe_tsx(tsx)
+            return
         # A re-INVITE we answered with an error leaves the old media in place (RFC 6141);
         # onCallMediaState then never comes, so the failure is reported from here.
         if not self.reinvite_pending:
             return
-        tsx = prm.e.body.tsxState.tsx
         if tsx.method == "INVITE" and tsx.role == pj.PJSIP_ROLE_UAS and tsx.statusCode >= 300:
             self.reinvite_pending = False
             self.owner.post(ev.ReinviteFinished(self.call_id, ok=False))
+
+    def _on_probe_tsx(self, tsx: Any) -> None:
+        # lastTx of a client transaction is its request, on every state change.
+        found = cseq(tsx.lastTx.wholeMsg)
+        if found is None:
+            return
+        number = found[0]
+        if self._sending_probe is not None and number not in self._probes:
+            self._probes[number] = self._sending_probe
+            self._sending_probe = None
+        if tsx.statusCode < 200:
+            return  # sent, or a provisional answer: wait for the final one
+        # Reported again when the transaction terminates after COMPLETED: the pop answers once.
+        probe = self._probes.pop(number, None)
+        if probe is not None:
+            generation, attempt = probe
+            self.owner.post(
+                ev.DialogProbed(self.call_id, generation, attempt, tsx.statusCode, tsx.statusText)
+            )
 
     def onDtmfDigit(self, prm: Any) -> None:
         if self.accepted:

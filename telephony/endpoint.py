@@ -256,6 +256,13 @@ class SipEndpoint:
                     if reason:
                         prm.reason = reason
                     call.hangup(prm)
+            case ev.ProbeDialog(call_id=call_id, generation=generation, attempt=attempt):
+                call = self._calls.get(call_id)
+                if call is None or not call.answered or call.local_hangup:
+                    # Ended, never answered, or we are hanging up: nobody waits for an answer.
+                    log.debug("dialog probe dropped", extra={"call_id": call_id})
+                    return
+                call.probe(generation, attempt)
 
     def on_incoming(self, account: SipAccount, prm: Any) -> None:
         call = SipCall(self, account, prm.callId)
