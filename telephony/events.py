@@ -112,6 +112,24 @@ class CallEnded:
     answered: bool
 
 
+@dataclass(frozen=True, slots=True)
+class DialogProbed:
+    """The final answer to a :class:`ProbeDialog` OPTIONS (RFC 3261 section 11), sent in the
+    call's dialog.
+
+    ``status`` is the final status code: the peer's, or PJSIP's own for a failure without one
+    (408 "Request Timeout" when the transaction timed out, 503 with a reason such as "Transport
+    Error" when the request could not be sent). A 481 or 408 means the peer no longer has the
+    dialog (RFC 3261 section 12.2.1.2). Never sent for 1xx.
+    """
+
+    call_id: str
+    generation: int
+    attempt: int
+    status: int
+    reason: str
+
+
 SipEvent = (
     TransportsUp
     | TransportsDown
@@ -123,6 +141,7 @@ SipEvent = (
     | ReinviteStarted
     | ReinviteFinished
     | DtmfReceived
+    | DialogProbed
     | CallEnded
 )
 
@@ -148,4 +167,17 @@ class Drain:
     """Refuse every new INVITE with 503 from now on (shutdown has begun)."""
 
 
-SipCommand = Answer | Hangup | Drain
+@dataclass(frozen=True, slots=True)
+class ProbeDialog:
+    """Ask the caller whether the dialog still exists: an OPTIONS within it (RFC 3261 section 11),
+    answered by :class:`DialogProbed` carrying the same ``generation`` and ``attempt``.
+
+    Dropped without an answer if the call is not answered yet, is being hung up or has ended.
+    """
+
+    call_id: str
+    generation: int
+    attempt: int
+
+
+SipCommand = Answer | Hangup | Drain | ProbeDialog

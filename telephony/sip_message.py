@@ -1,7 +1,9 @@
-"""The few facts voicegate reads from a raw INVITE before PJSIP hands it a call object.
+"""The few facts voicegate reads from raw SIP messages PJSIP has already parsed.
 
-PJSIP has already parsed and accepted the message when these run, so they only need to find a
-field, never to validate one; a field they cannot find gives an empty string.
+An INVITE before PJSIP hands it a call object, and the requests of our own transactions (the
+CSeq of a dialog probe). PJSIP has already parsed and accepted the message when these run, so
+they only need to find a field, never to validate one; a field they cannot find gives an empty
+string (or None).
 """
 
 from __future__ import annotations
@@ -13,6 +15,9 @@ _REQUEST_LINE = re.compile(r"^[A-Z]+\s+(?:sips?:([^@;>\s]*)@|tel:([^;>\s]*))", r
 _VIA = re.compile(
     r"^(?:via|v)\s*:\s*SIP\s*/\s*2\.0\s*/\s*([A-Za-z]+)", re.IGNORECASE | re.MULTILINE
 )
+
+# RFC 3261 20.16: CSeq has no compact form.
+_CSEQ = re.compile(r"^cseq\s*:\s*(\d+)\s+([A-Za-z]+)", re.IGNORECASE | re.MULTILINE)
 
 
 def request_user(whole_msg: str) -> str:
@@ -44,3 +49,9 @@ def mask_uri(uri: str, keep: int = 3) -> str:
         return match.group(1) + masked + "@"
 
     return re.sub(r"((?:sips?|tel):)([^@]*)@", _mask, uri, count=1)
+
+
+def cseq(whole_msg: str) -> tuple[int, str] | None:
+    """The CSeq number and method of a request or response, or None if it has none."""
+    match = _CSEQ.search(whole_msg)
+    return (int(match.group(1)), match.group(2).upper()) if match else None

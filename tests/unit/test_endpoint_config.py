@@ -38,7 +38,7 @@ def test_the_sip_thread_blocks_until_its_next_own_deadline() -> None:
         assert sip._wait_ms(now=100.0, next_health=100.2) == 1000  # idle: no call to watch
         sip._calls["c1"] = object()  # type: ignore[assignment]
         assert sip._wait_ms(now=100.0, next_health=100.2) == 200  # the next media-health poll
-        sip._graveyard.append((100.05, object()))  # type: ignore[arg-type]
+        sip._ports.graveyard.append((100.05, object()))  # type: ignore[arg-type]
         assert sip._wait_ms(now=100.0, next_health=100.2) == 50  # a port due back in the pool
         assert sip._wait_ms(now=100.3, next_health=100.2) == 1  # overdue: poll, never block
     finally:

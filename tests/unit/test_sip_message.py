@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from telephony.sip_message import mask_uri, request_user, via_transport
+from telephony.sip_message import cseq, mask_uri, request_user, via_transport
 
 INVITE = (
     "INVITE sip:+4930123456@voicegate.example:5060;transport=tcp SIP/2.0\r\n"
@@ -27,3 +27,15 @@ def test_mask_keeps_only_the_last_three_digits() -> None:
     )
     assert mask_uri("sip:alice@example.org") == "sip:alice@example.org"
     assert mask_uri("<sip:12@x>") == "<sip:12@x>"
+
+
+def test_cseq_of_a_request_and_of_a_response() -> None:
+    options = (
+        "OPTIONS sip:a@b SIP/2.0\r\n"
+        "Via: SIP/2.0/UDP h;branch=z9hG4bK3\r\n"
+        "CSeq: 26877 OPTIONS\r\n\r\n"
+    )
+    assert cseq(options) == (26877, "OPTIONS")
+    assert cseq("SIP/2.0 481 Call/Transaction Does Not Exist\r\ncseq:7 bye\r\n\r\n") == (7, "BYE")
+    assert cseq("OPTIONS sip:a@b SIP/2.0\r\n\r\n") is None
+    assert cseq("") is None

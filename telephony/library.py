@@ -1,0 +1,122 @@
+"""pjsua2's library from start to destroy: its configuration, transports, codecs and account.
+
+Everything here runs on the SIP thread (telephony.endpoint), which owns the library: pjsua2 is not
+safe to call from any other thread (shared/notes/pjsua2.md, "Threading").
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import pjsua2 as pj
+
+log = logging.getLogger("voicegate.sip")
+
+CODEC_IDS = {"PCMU": "PCMU/8000/1", "PCMA": "PCMA/8000/1", "G722": "G722/16000/1"}
+
+
+class TelephonyStartError(RuntimeError):
+    """The SIP stack could not start (address in use, bad address, ...)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointConfig:
+    """What the SIP thread needs, flattened from the settings so this layer does not import them."""
+
+    sip_address: str
+    sip_port: int
+    media_address: str
+    media_public_address: str
+    rtp_port_min: int
+    rtp_port_max: int
+    codecs: tuple[str, ...]
+    clock_rate: int
+    max_calls: int
+    max_setup_rate: float
+    numbers: frozenset[str]
+    user_agent: str
+    pjsip_log_level: int = 1
+    fast_copy: bool = True
+    gap_threshold_s: float = 1.0
+    session_expires_s: int = 1800
+    playout_max_ms: int = 60_000
+    health_poll_s: float = 0.2
+    resample_quality: int = 8
+    media_port: str = "c"
+
+
+class LogWriter(pj.LogWriter):  # type: ignore[misc]
+    """PJSIP's log lines into the ``pjsip`` logger, at the matching level."""
+
+    _LEVELS = (logging.CRITICAL, logging.ERROR, logging.WARNING, logging.INFO, logging.DEBUG)
+
+    def write(self, entry: Any) -> None:
+        level = self._LEVELS[min(entry.level, len(self._LEVELS) - 1)]
+        logging.getLogger("pjsip").log(level, entry.msg.rstrip())
+
+
+def start_library(ep: Any, cfg: EndpointConfig, writer: LogWriter) -> None:
+    """Create, configure and start ``ep`` (a ``pj.Endpoint``): UDP and TCP transports bound.
+
+    Raises ``pj.Error`` if the library cannot start; the caller destroys it then. ``writer`` must
+    outlive the library (PJSIP calls it back).
+    """
+    ep.libCreate()
+    ep_cfg = pj.EpConfig()
+    ep_cfg.uaConfig.threadCnt = 0
+    ep_cfg.uaConfig.mainThreadOnly = True
+    ep_cfg.uaConfig.maxCalls = cfg.max_calls
+    ep_cfg.uaConfig.userAgent = cfg.user_agent
+    ep_cfg.logConfig.writer = writer
+    ep_cfg.logConfig.level = cfg.pjsip_log_level
+    ep_cfg.logConfig.consoleLevel = 0
+    ep_cfg.logConfig.msgLogging = cfg.pjsip_log_level >= 4
+    ep_cfg.medConfig.clockRate = cfg.clock_rate
+    ep_cfg.medConfig.sndClockRate = cfg.clock_rate
+    ep_cfg.medConfig.noVad = True
+    ep_cfg.medConfig.quality = cfg.resample_quality
+    ep_cfg.medConfig.ptime = 20
+    ep_cfg.medConfig.audioFramePtime = 20
+    ep.libInit(ep_cfg)
+    # No sound card: the null device drives the conference bridge's 20 ms clock.
+    ep.audDevManager().setNullDev()
+    ipv6 = ":" in cfg.sip_address
+    for kind in (
+        pj.PJSIP_TRANSPORT_UDP6 if ipv6 else pj.PJSIP_TRANSPORT_UDP,
+        pj.PJSIP_TRANSPORT_TCP6 if ipv6 else pj.PJSIP_TRANSPORT_TCP,
+    ):
+        tcfg = pj.TransportConfig()
+        tcfg.port = cfg.sip_port
+        tcfg.boundAddress = cfg.sip_address
+        ep.transportCreate(kind, tcfg)
+    ep.libStart()
+    set_codec_priorities(ep, cfg.codecs)
+
+
+def set_codec_priorities(ep: Any, codecs: tuple[str, ...]) -> None:
+    """Offer ``codecs`` in that order and nothing else."""
+    wanted = {CODEC_IDS[name]: 255 - i for i, name in enumerate(codecs)}
+    # telephone-event (RFC 2833) is not a codec entry; it is always offered.
+    for info in ep.codecEnum2():
+        ep.codecSetPriority(info.codecId, wanted.get(info.codecId, 0))
+
+
+def account_config(cfg: EndpointConfig) -> Any:
+    """The one account's configuration: its URI, RTP addresses and ports, session timers."""
+    ipv6 = ":" in cfg.sip_address
+    host = f"[{cfg.sip_address}]" if ipv6 else cfg.sip_address
+    acc_cfg = pj.AccountConfig()
+    acc_cfg.idUri = f"sip:voicegate@{host}:{cfg.sip_port}"
+    media_tp = acc_cfg.mediaConfig.transportConfig
+    media_tp.boundAddress = cfg.media_address
+    media_tp.publicAddress = cfg.media_public_address or cfg.media_address
+    media_tp.port = cfg.rtp_port_min
+    media_tp.portRange = cfg.rtp_port_max - cfg.rtp_port_min
+    # RFC 4028: offered and accepted when the caller supports it; PJSIP refreshes when it is
+    # the refresher and ends the dialog (408, BYE) when no refresh comes.
+    acc_cfg.callConfig.timerUse = pj.PJSUA_SIP_TIMER_OPTIONAL
+    acc_cfg.callConfig.timerSessExpiresSec = cfg.session_expires_s
+    acc_cfg.callConfig.timerMinSESec = 90
+    return acc_cfg

@@ -1,0 +1,73 @@
+"""Incoming calls being refused: answered with an error now, or held until a set-up slot is due.
+
+telephony.admission decides; this carries the decision out on the SIP thread and keeps each
+refused call's pjsua2 wrapper alive until PJSIP reports it gone (a collected wrapper called back
+from C crashes the process: notes, "Lifetimes and the GIL").
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pjsua2 as pj
+
+from telephony.calls import SipCall
+
+log = logging.getLogger("voicegate.sip")
+
+
+class Refusals:
+    def __init__(self) -> None:
+        self.calls: dict[str, SipCall] = {}
+        self._held: list[tuple[float, SipCall, int]] = []
+
+    def __bool__(self) -> bool:
+        return bool(self.calls)
+
+    def refuse(self, call: SipCall, status: int, *, not_before: float, now: float) -> None:
+        """Answer ``call`` with ``status`` now, or at ``not_before`` if that is later; a 503 sent
+        now carries ``Retry-After``."""
+        self.calls[call.call_id] = call
+        if not_before > now:
+            self._held.append((not_before, call, status))
+        else:
+            _send(call, status, retry_after=status == 503)
+
+    def next_due(self) -> float | None:
+        """When the next held refusal is due, if one is held."""
+        return min(item[0] for item in self._held) if self._held else None
+
+    def release_due(self, now: float) -> None:
+        if not self._held:
+            return
+        due = [item for item in self._held if item[0] <= now]
+        if due:
+            self._held = [item for item in self._held if item[0] > now]
+            for _, call, status in due:
+                if call.call_id in self.calls:
+                    _send(call, status, retry_after=True)
+
+    def forget(self, call: SipCall) -> None:
+        """PJSIP reported ``call`` gone: drop its wrapper (telephony.endpoint says why now)."""
+        self.calls.pop(call.call_id, None)
+        if self._held:
+            self._held = [item for item in self._held if item[1] is not call]
+
+    def clear(self) -> None:
+        self._held.clear()
+        self.calls.clear()
+
+
+def _send(call: SipCall, status: int, *, retry_after: bool) -> None:
+    prm = pj.CallOpParam()
+    prm.statusCode = status
+    if retry_after:
+        header = pj.SipHeader()
+        header.hName = "Retry-After"
+        header.hValue = "1"
+        prm.txOption.headers.append(header)
+    call.local_hangup = True
+    try:
+        call.hangup(prm)
+    except pj.Error as exc:
+        log.debug("refusal failed: %s", exc.reason)
