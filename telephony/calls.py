@@ -104,7 +104,10 @@ class SipCall(pj.Call):  # type: ignore[misc]
     def onCallTsxState(self, prm: Any) -> None:
         tsx = prm.e.body.tsxState.tsx
         if tsx.role == pj.PJSIP_ROLE_UAC and tsx.method == "OPTIONS":
-            self._on_probe_tsx(tsx)
+            # A transport failure has no peer answer: PJSIP fills in 503 and the OS's text.
+            # Reported as status 0, so that it cannot be taken for a peer's own 503.
+            failed = prm.e.body.tsxState.type == pj.PJSIP_EVENT_TRANSPORT_ERROR
+            self._on_probe_tsx(tsx, transport_failed=failed)
             return
         # A re-INVITE we answered with an error leaves the old media in place (RFC 6141);
         # onCallMediaState then never comes, so the failure is reported from here.
@@ -114,7 +117,7 @@ class SipCall(pj.Call):  # type: ignore[misc]
             self.reinvite_pending = False
             self.owner.post(ev.ReinviteFinished(self.call_id, ok=False))
 
-    def _on_probe_tsx(self, tsx: Any) -> None:
+    def _on_probe_tsx(self, tsx: Any, *, transport_failed: bool) -> None:
         # lastTx of a client transaction is its request, on every state change.
         found = cseq(tsx.lastTx.wholeMsg)
         if found is None:
@@ -129,9 +132,10 @@ class SipCall(pj.Call):  # type: ignore[misc]
         probe = self._probes.pop(number, None)
         if probe is not None:
             generation, attempt = probe
-            self.owner.post(
-                ev.DialogProbed(self.call_id, generation, attempt, tsx.statusCode, tsx.statusText)
-            )
+            status, reason = tsx.statusCode, tsx.statusText
+            if transport_failed:
+                status, reason = 0, f"transport error: {reason}"
+            self.owner.post(ev.DialogProbed(self.call_id, generation, attempt, status, reason))
 
     def onDtmfDigit(self, prm: Any) -> None:
         if self.accepted:

@@ -32,6 +32,7 @@ from session.state import Policy
 from session.store import SessionStore
 from session.store.sqlite import SqliteSessionStore
 from session.store.writer import StoreWriter
+from session.vocabulary import OwnerId, Terminal
 from telephony import events as ev
 from telephony.endpoint import EndpointConfig, SipEndpoint
 from telephony.sip_message import mask_uri
@@ -101,7 +102,7 @@ class Runtime:
         # Every write of the live calls leaves the event loop (session/store/writer.py).
         self.writer = StoreWriter(lambda: SqliteSessionStore(store_path))
         # "<worker>/<incarnation>": a restarted worker knows its predecessor's sessions are dead.
-        self.owner = f"{settings.session.worker_name}/{uuid.uuid4().hex[:12]}"
+        self.owner = OwnerId(settings.session.worker_name, uuid.uuid4().hex[:12]).format()
         prompts_dir = settings.agent.prompts_dir or default_prompts_dir()
         self._prompts = PromptLibrary(Path(prompts_dir))
         self._agent_factory = agent_factory(settings)
@@ -162,9 +163,9 @@ class Runtime:
             match effect:
                 case fx.Finished(terminal_state=terminal, stage=stage):
                     m.sessions_ended.labels(terminal).inc()
-                    if terminal == "timed_out":
+                    if terminal == Terminal.TIMED_OUT:
                         m.deadline_endings.labels(stage or "unknown").inc()
-                    if terminal == "needs_human":
+                    if terminal == Terminal.NEEDS_HUMAN:
                         # The stage says why: reconciliation (unknown outcome), hangup, transfer.
                         m.needs_human.labels(stage or "unknown").inc()
                 case fx.GateChanged(frozen_s=frozen_s) if frozen_s > 0:
@@ -189,7 +190,7 @@ class Runtime:
         )
         if reaped:
             self.metrics.sessions_reaped.labels("stale").inc(len(reaped))
-            self.metrics.sessions_ended.labels("failed").inc(len(reaped))
+            self.metrics.sessions_ended.labels(Terminal.FAILED).inc(len(reaped))
         return reaped
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -248,7 +249,7 @@ class Runtime:
         if predecessors:
             self.metrics.sessions_reaped.labels("predecessor").inc(len(predecessors))
             # The reaper ends every session it finalises as failed (stage "process").
-            self.metrics.sessions_ended.labels("failed").inc(len(predecessors))
+            self.metrics.sessions_ended.labels(Terminal.FAILED).inc(len(predecessors))
             log.warning("sessions.reaped_at_startup", extra={"count": len(predecessors)})
         await self.reap()
         # Load the prompts now so a broken prompt file fails start-up, not a call.

@@ -32,11 +32,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
+from session.vocabulary import IntentKind, Outcome, Terminal
+
 # Seed 000: every session ends in exactly one of these. Kept here, not imported from the state
 # machine, so the store stays independent of how the machine is written.
-TERMINAL_STATES: Final = ("completed", "canceled", "timed_out", "failed", "needs_human")
-INTENT_KINDS: Final = ("read", "write")
-RECEIPT_OUTCOMES: Final = ("committed", "failed", "not_started", "unknown")
+# The vocabulary's values, as the store keeps them (plain strings in its rows).
+TERMINAL_STATES: Final = tuple(t.value for t in Terminal)
+INTENT_KINDS: Final = tuple(k.value for k in IntentKind)
+RECEIPT_OUTCOMES: Final = tuple(o.value for o in Outcome)
 
 
 @dataclass(frozen=True, slots=True)

@@ -157,3 +157,33 @@ def test_a_hold_longer_than_the_gap_threshold_is_not_a_media_failure(
     assert session["ended"]["terminal_state"] == "completed"
     holds = [e for e in server.log_events() if e.get("event") == "call.media_health"]
     assert [e["health"] for e in holds][:2] == ["held", "flowing"]
+
+
+def test_a_gap_whose_dialog_is_gone_ends_failed_at_the_first_probe(
+    server_factory: ServerFactory, tmp_path: Path
+) -> None:
+    # The caller's RTP stops and its dialog answers the in-dialog OPTIONS with 481: the session
+    # ends failed (stage signaling) at that answer, long before the 20 s recovery deadline.
+    server = server_factory(**PRODUCT_GAP)
+    sipp = Sipp("uac-media-gap-probe-481.xml", server.sip_target, tmp_path, timeout_s=40)
+    assert sipp.run() == 0, sipp.errors()  # one OPTIONS, one 481, then nothing from the session
+    session = _ended(server)
+    ended = session["ended"]
+    assert (ended["terminal_state"], ended["stage"]) == ("failed", "signaling")
+    assert "481" in ended["reason"]
+    lost = next(e for e in session["events"] if e["type"] == "media_lost")
+    attempts = [
+        x for x in _effects(session, "recovery_retry_due") if x["kind"] == "attempt_recovery"
+    ]
+    assert attempts, "the recovery made an attempt: it probed the dialog"
+    (probed,) = [e for e in session["events"] if e["type"] == "recovery_probed"]
+    assert probed["payload"]["status"] == 481
+    assert probed["at"] - lost["at"] < 10  # the first attempt's probe, not the 20 s deadline
+    kinds = [x["kind"] for x in probed["effects"]]
+    assert "hang_up" not in kinds and "say" not in kinds  # nothing sent to a dialog that is gone
+    assert [x["outcome"] for x in probed["effects"] if x["kind"] == "recovery_finished"] == [
+        "failed"
+    ]
+    assert session["events"][-1]["type"] == "recovery_probed"  # the dialog's end changed nothing
+    assert server.metric("voicegate_recoveries_total", kind="media", outcome="failed") == 1
+    assert server.metric("voicegate_sessions_ended_total", terminal_state="failed") == 1

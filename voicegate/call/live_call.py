@@ -347,9 +347,7 @@ class LiveCall:
         if self._halted is not None:
             raise self._halted  # another process's now, or unwritable: write nothing
         try:
-            effects, write = session.apply_through(
-                self._services.writer, event, self._clock.now()
-            )
+            effects, write = session.apply_through(self._services.writer, event, self._clock.now())
         except IllegalTransition as exc:
             self._services.metrics.session_events_rejected.labels(event.type).inc()
             log.warning(
@@ -512,7 +510,11 @@ class LiveCall:
             self._probe_dialog(generation, attempt)
 
     def _probe_dialog(self, generation: int, attempt: int) -> None:
-        log.info("recovery.probe", extra={"call_id": self.call_id, "attempt": attempt})
+        # RFC 3261 section 11: an OPTIONS inside the dialog. A 481 or 408 (or no transport)
+        # means the peer no longer has the dialog (section 12.2.1.2): RecoveryProbed ends the
+        # session failed at once, instead of waiting out session.recovery_timeout_s. (PJSIP's
+        # own dialog layer then sends the BYE 12.2.1.2 asks for; the session sends none.)
+        self._services.submit(ev.ProbeDialog(self.call_id, generation, attempt))
 
     def recovery_finished(self, generation: int, outcome: str) -> None:
         log.info(
@@ -748,6 +750,12 @@ class LiveCall:
                 state = self.session.state if self.session else None
                 if state is not None and state.recovery is not None:
                     self._try(sev.ReinviteFinished(state.recovery.generation, ok))
+            case ev.DialogProbed(generation=gen, attempt=attempt, status=status, reason=reason):
+                log.info(
+                    "recovery.probed",
+                    extra={"call_id": self.call_id, "status": status, "attempt": attempt},
+                )
+                self._try(sev.RecoveryProbed(gen, attempt, status, reason))
             case _AgentNotice():
                 await self._notify_agent(item)
             case _Persisted(then=then, done=done):

@@ -18,6 +18,8 @@ from prometheus_client import (
     ProcessCollector,
 )
 
+from session.vocabulary import Terminal
+
 
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
@@ -187,7 +189,7 @@ class Metrics:
             ["reason"],
             registry=r,
         )
-        for outcome in ("completed", "canceled", "timed_out", "failed", "needs_human"):
+        for outcome in Terminal:
             self.calls.labels(outcome)
             self.sessions_ended.labels(outcome)
         for why in ("stale", "predecessor"):

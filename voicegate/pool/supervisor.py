@@ -37,6 +37,7 @@ from session.reaper import reap_stale
 from session.store import SessionStore
 from session.store.sqlite import SqliteSessionStore
 from session.store.writer import StoreWriter
+from session.vocabulary import OwnerId
 from voicegate.observe.pool_metrics import PoolMetrics
 from voicegate.pool.front_door import FrontDoorError, Kamailio, front_door_for, unix_socket_path_ok
 from voicegate.pool.process_tree import die_with_parent
@@ -124,7 +125,9 @@ class Supervisor:
         self.metrics_dir = self.run_dir / "metrics"
         self.metrics = PoolMetrics()
         self.workers = [Worker(slot) for slot in worker_slots(settings)]
-        self.owner = f"{settings.session.worker_name}.supervisor/{uuid.uuid4().hex[:12]}"
+        self.owner = OwnerId(
+            f"{settings.session.worker_name}.supervisor", uuid.uuid4().hex[:12]
+        ).format()
         self.stopping = False
         self.front: Kamailio | None = None
         self._store_path = data_dir / STORE_FILE

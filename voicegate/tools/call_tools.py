@@ -30,9 +30,10 @@ from session.machine import GateClosed, IllegalTransition
 from session.state import Outstanding
 from session.store import SessionStore, StoreError, ToolIntent
 from session.store.writer import StoreWriter
+from session.vocabulary import DEFINITIVE, Outcome
 from voicegate.faults import Faults
 from voicegate.observe.metrics import Metrics
-from voicegate.tools.client import DEFINITIVE, ToolClient, ToolOutcome
+from voicegate.tools.client import ToolClient, ToolOutcome
 from voicegate.tools.records import ensure_intent_row, store_receipt
 
 log = logging.getLogger("voicegate.tools")
@@ -204,7 +205,7 @@ class CallTools:
         context = {"X-Voicegate-Session": self.session_id}
         outcome = await self.services.tool_client.request(tool, key, body, context)
         via = "request"
-        if outcome.outcome == "unknown":
+        if outcome.outcome == Outcome.UNKNOWN:
             # Never resend: ask what happened to this key.
             outcome = await self._resolve(tool, key)
             via = "status"
@@ -222,7 +223,7 @@ class CallTools:
                 self.post(
                     ToolDone(
                         key,
-                        ToolOutcome("unknown", {"reason": "tool no longer configured"}),
+                        ToolOutcome(Outcome.UNKNOWN, {"reason": "tool no longer configured"}),
                         "status",
                     )
                 )

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,10 +22,13 @@ from typing import Any
 import aiohttp
 
 from config.tools import ToolSettings
+from session.backoff import Jitter, backoff_delay
+from session.vocabulary import DEFINITIVE as VOCABULARY_DEFINITIVE
+from session.vocabulary import Outcome
 
 log = logging.getLogger("voicegate.tools")
 
-DEFINITIVE = ("committed", "failed", "not_started")
+DEFINITIVE = VOCABULARY_DEFINITIVE  # the outcomes a status answer settles for good
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,18 +75,26 @@ class ToolClient:
                     data = await _body(resp)
         except aiohttp.ClientConnectorError as exc:
             # The TCP connection was never established: the provider cannot have seen it.
-            return ToolOutcome("not_started", {"reason": f"provider unreachable: {exc.os_error}"})
+            return ToolOutcome(
+                Outcome.NOT_STARTED, {"reason": f"provider unreachable: {exc.os_error}"}
+            )
         except TimeoutError:
-            return ToolOutcome("unknown", {"reason": f"no response within {tool.timeout_s:g} s"})
+            return ToolOutcome(
+                Outcome.UNKNOWN, {"reason": f"no response within {tool.timeout_s:g} s"}
+            )
         except aiohttp.ClientError as exc:
-            return ToolOutcome("unknown", {"reason": f"transport error: {type(exc).__name__}"})
+            return ToolOutcome(
+                Outcome.UNKNOWN, {"reason": f"transport error: {type(exc).__name__}"}
+            )
         status = data.get("status")
-        if 200 <= resp.status < 300 and status == "committed":
-            return ToolOutcome("committed", data)
+        if 200 <= resp.status < 300 and status == Outcome.COMMITTED:
+            return ToolOutcome(Outcome.COMMITTED, data)
         if 400 <= resp.status < 500 and resp.status not in (408, 429):
             # A refusal: the provider answered and did not do it.
             reason = data.get("reason") or data.get("error") or f"HTTP {resp.status}"
-            return ToolOutcome("failed", {**data, "reason": reason, "http_status": resp.status})
+            return ToolOutcome(
+                Outcome.FAILED, {**data, "reason": reason, "http_status": resp.status}
+            )
         return ToolOutcome(
             "unknown", {"reason": f"HTTP {resp.status} with status {status!r}", **data}
         )
@@ -98,13 +108,13 @@ class ToolClient:
         except (TimeoutError, aiohttp.ClientError) as exc:
             raise StatusUnavailable(f"status query failed: {type(exc).__name__}") from None
         if resp.status == 404:
-            return ToolOutcome("not_started", {"reason": "the provider never saw this key"})
+            return ToolOutcome(Outcome.NOT_STARTED, {"reason": "the provider never saw this key"})
         if resp.status != 200:
             raise StatusUnavailable(f"status query answered HTTP {resp.status}")
         status = data.get("status")
         if status in DEFINITIVE:
             return ToolOutcome(str(status), data)
-        return ToolOutcome("unknown", {"reason": f"provider says {status!r}", **data})
+        return ToolOutcome(Outcome.UNKNOWN, {"reason": f"provider says {status!r}", **data})
 
     async def resolve(
         self,
@@ -118,14 +128,13 @@ class ToolClient:
     ) -> ToolOutcome:
         """Ask the status endpoint until it gives a definitive outcome, within a budget.
 
-        Bounded retries with exponential backoff and full jitter (seeded by ``seed``, so a
-        replay schedules the same waits), all inside ``deadline_s``. Returns ``unknown`` when
-        the budget runs out: the caller must then not assume anything.
+        Bounded retries with exponential backoff and equal jitter (session.backoff, seeded by
+        ``seed``, so a replay schedules the same waits), all inside ``deadline_s``. Returns
+        ``unknown`` when the budget runs out: the caller must then not assume anything.
         """
-        rng = random.Random(seed)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + deadline_s
-        last = ToolOutcome("unknown", {"reason": "no status answer"})
+        last = ToolOutcome(Outcome.UNKNOWN, {"reason": "no status answer"})
         for attempt in range(attempts):
             try:
                 last = await asyncio.wait_for(
@@ -134,10 +143,11 @@ class ToolClient:
                 if last.outcome in DEFINITIVE:
                     return last
             except (StatusUnavailable, TimeoutError) as exc:
-                last = ToolOutcome("unknown", {"reason": str(exc) or "status query timed out"})
-            # "Equal jitter": at least half the backoff, so retries spread over the budget.
-            backoff = min(4.0, 0.25 * 2**attempt)
-            delay = rng.uniform(backoff / 2, backoff)
+                last = ToolOutcome(
+                    Outcome.UNKNOWN, {"reason": str(exc) or "status query timed out"}
+                )
+            # Equal jitter: at least half the backoff, so retries spread over the budget.
+            delay = backoff_delay(seed, attempt, base_s=0.25, cap_s=4.0, jitter=Jitter.EQUAL)
             if attempt + 1 >= attempts or loop.time() + delay >= deadline:
                 break
             await sleep(delay)

@@ -24,7 +24,8 @@ from session import effects as fx
 from session import events as sev
 from session.durable import DurableSession
 from session.store import LeaseLost, SessionFinished, SessionStore
-from voicegate.tools.client import DEFINITIVE, ToolClient, ToolOutcome
+from session.vocabulary import DEFINITIVE, Outcome, OwnerId
+from voicegate.tools.client import ToolClient, ToolOutcome
 from voicegate.tools.records import ensure_intent_row, store_receipt
 
 log = logging.getLogger("voicegate.reconcile")
@@ -45,7 +46,7 @@ async def settle_predecessors(
 ) -> int:
     """Reconcile the outstanding intents of dead predecessors' sessions; returns how many."""
     settled = 0
-    for summary in store.open_sessions(owner_prefix=f"{worker}/"):
+    for summary in store.open_sessions(owner_prefix=OwnerId.prefix(worker)):
         if summary.owner == me:
             continue
         if not DurableSession.load(store, summary.session_id).state.outstanding:
@@ -109,5 +110,7 @@ async def _settle(
         return ToolOutcome(receipt.outcome, receipt.detail)
     tool = tools.get(tool_name)
     if tool is None:
-        return ToolOutcome("unknown", {"reason": f"tool {tool_name!r} is no longer configured"})
+        return ToolOutcome(
+            Outcome.UNKNOWN, {"reason": f"tool {tool_name!r} is no longer configured"}
+        )
     return await client.resolve(tool, key, attempts=attempts, deadline_s=deadline_s, seed=key)
