@@ -37,6 +37,7 @@ from telephony.library import (
 )
 from telephony.media_bridge import MediaBridge
 from telephony.media_health import MediaHealth
+from telephony.offer_check import check_offer
 from telephony.port_pool import PortPool
 from telephony.refusals import Refusals
 from telephony.sip_message import mask_uri, request_user, via_transport
@@ -270,6 +271,20 @@ class SipEndpoint:
         info = call.getInfo()
         call.remote_uri = info.remoteUri
         now = time.monotonic()
+        bad = check_offer(whole)
+        if bad is not None:
+            # PJSIP would abort the process on this offer when answering it: refuse it first.
+            self.post(ev.CallRefused(bad.status, bad.reason, info.remoteUri))
+            log.warning(
+                "call refused: offer PJSIP cannot take",
+                extra={
+                    "status": bad.status,
+                    "reason": bad.reason,
+                    "remote": mask_uri(info.remoteUri),
+                },
+            )
+            self._refusals.refuse(call, bad.status, not_before=now, now=now)
+            return
         decision = self.admission.decide(
             live_calls=len(self._calls), called_user=request_user(whole), now=now
         )

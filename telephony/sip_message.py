@@ -36,19 +36,32 @@ def via_transport(whole_msg: str) -> str:
 
 
 def mask_uri(uri: str, keep: int = 3) -> str:
-    """A SIP URI with every digit of its user part masked but the last ``keep``.
+    """A caller as it may appear in logs and the session log: every digit of the display name and
+    of the number (a SIP URI's user part, a ``tel:`` number) masked but the last ``keep``.
 
-    STYLE.md habit 10: phone numbers in logs are masked except the last digits.
+    STYLE.md habit 10: phone numbers in logs are masked except the last digits. A display name is
+    often the number itself (``"+15551234567" <sip:+15551234567@host>``), and a ``tel:`` URI has no
+    ``@``: both are masked too. Hosts and ports are left as they are.
     """
+    display, bracket, address = uri.rpartition("<")
+    if not bracket:
+        display, address = "", uri
+    address = re.sub(
+        r"((?:sips?):)([^@;>]*)@",
+        lambda m: m.group(1) + _mask_digits(m.group(2), keep) + "@",
+        address,
+        count=1,
+    )
+    address = re.sub(
+        r"(tel:)([^;>]*)", lambda m: m.group(1) + _mask_digits(m.group(2), keep), address, count=1
+    )
+    return _mask_digits(display, keep) + bracket + address
 
-    def _mask(match: re.Match[str]) -> str:
-        user = match.group(2)
-        digits = [i for i, ch in enumerate(user) if ch.isdigit()]
-        hidden = set(digits[:-keep] if keep else digits)
-        masked = "".join("*" if i in hidden else ch for i, ch in enumerate(user))
-        return match.group(1) + masked + "@"
 
-    return re.sub(r"((?:sips?|tel):)([^@]*)@", _mask, uri, count=1)
+def _mask_digits(text: str, keep: int) -> str:
+    digits = [i for i, ch in enumerate(text) if ch.isdigit()]
+    hidden = set(digits[:-keep] if keep else digits)
+    return "".join("*" if i in hidden else ch for i, ch in enumerate(text))
 
 
 def cseq(whole_msg: str) -> tuple[int, str] | None:

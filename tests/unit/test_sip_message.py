@@ -29,6 +29,19 @@ def test_mask_keeps_only_the_last_three_digits() -> None:
     assert mask_uri("<sip:12@x>") == "<sip:12@x>"
 
 
+def test_mask_covers_a_numeric_display_name_and_tel_uris_but_not_hosts() -> None:
+    assert (
+        mask_uri('"+15551234567" <sip:+15551234567@10.0.0.1:5060>')
+        == '"+********567" <sip:+********567@10.0.0.1:5060>'
+    )
+    assert mask_uri("tel:+15551234567") == "tel:+********567"
+    assert (
+        mask_uri("<tel:+1-555-123-4567;phone-context=example.com>")
+        == "<tel:+*-***-***-*567;phone-context=example.com>"
+    )
+    assert mask_uri("sip:10.0.0.1:5060") == "sip:10.0.0.1:5060"
+
+
 def test_cseq_of_a_request_and_of_a_response() -> None:
     options = (
         "OPTIONS sip:a@b SIP/2.0\r\n"

@@ -1,0 +1,172 @@
+"""The PROTOS c07-sip test cases (../shared/sip-corpus/protos-c07-sip.tar.xz), replayed over UDP.
+
+Each case is two length-prefixed PDUs, ``<len> <INVITE><len> <teardown>``, with placeholders
+(``<To>``, ``<From>``, ``<Call-ID>``, ...) filled in here. A replayed case is sent to the server;
+an answered one (2xx) is ACKed and hung up with a BYE in its dialog (same Call-ID, From tag and
+the server's To tag), one still ringing is CANCELled with the case's own teardown (same branch),
+so that every case reaches the call path and none holds a call slot afterwards.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+import socket
+import tarfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+CORPUS = Path(__file__).resolve().parents[3] / "shared" / "sip-corpus" / "protos-c07-sip.tar.xz"
+_PDU = re.compile(rb"(\d+) ")
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    number: int
+    group: str
+    invite: bytes
+    teardown: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    number: int
+    group: str
+    final: int | None  # the final status of the INVITE, None if none came
+    answered: bool
+
+
+def _split(data: bytes) -> tuple[bytes, bytes]:
+    pdus = []
+    rest = data
+    while rest:
+        match = _PDU.match(rest)
+        if match is None:
+            raise ValueError("not a PROTOS case: expected '<length> <pdu>'")
+        length = int(match.group(1))
+        start = match.end()
+        pdus.append(rest[start : start + length])
+        rest = rest[start + length :]
+    if len(pdus) != 2:
+        raise ValueError(f"a PROTOS case has two PDUs, this one {len(pdus)}")
+    return pdus[0], pdus[1]
+
+
+def load(groups: set[str] | None = None, corpus: Path = CORPUS) -> Iterator[Case]:
+    """The cases of ``groups`` (all when None), in case order."""
+    with tarfile.open(corpus) as archive:
+        names = {m.name.rsplit("/", 1)[-1]: m for m in archive.getmembers() if m.isfile()}
+        table = archive.extractfile(names["GROUPS.tsv"])
+        assert table is not None
+        spans = []
+        for row in csv.DictReader(io.TextIOWrapper(table), delimiter="\t"):
+            first, count = int(row["first_case"]), int(row["count"])
+            spans.append((row["group"], first, first + count))
+        for group, first, end in spans:
+            if groups is not None and group not in groups:
+                continue
+            for number in range(first, end):
+                member = archive.extractfile(names[f"{number:07d}"])
+                assert member is not None
+                invite, teardown = _split(member.read())
+                yield Case(number, group, invite, teardown)
+
+
+def _fill(pdu: bytes, values: dict[bytes, bytes]) -> bytes:
+    for key, value in values.items():
+        pdu = pdu.replace(key, value)
+    head, sep, body = pdu.partition(b"\r\n\r\n")
+    return head.replace(b"<Content-Length>", str(len(body)).encode()) + sep + body
+
+
+class Replayer:
+    """Replays cases from one UDP socket on loopback to ``host:port``."""
+
+    def __init__(self, host: str, port: int, *, wait_s: float = 2.0) -> None:
+        self.target = (host, port)
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind((host, 0))
+        self.local_port = self.sock.getsockname()[1]
+        self.wait_s = wait_s
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def replay(self, case: Case) -> Outcome:
+        host = self.target[0].encode()
+        call_id = f"protos-{case.number}-{time.monotonic_ns()}".encode()
+        values = {
+            b"<To>": b"service@" + host + b":" + str(self.target[1]).encode(),
+            b"<From>": b"protos@" + host + b":" + str(self.local_port).encode(),
+            b"<From-Address>": host,
+            b"<From-IP>": host,
+            b"<Local-Port>": str(self.local_port).encode(),
+            b"<Branch-ID>": str(time.monotonic_ns()).encode(),
+            b"<Call-ID>": call_id,
+            b"<CSeq>": b"1",
+        }
+        invite = _fill(case.invite, values)
+        if len(invite) > 65507:
+            return Outcome(case.number, case.group, None, False)  # only fits over TCP
+        self.sock.sendto(invite, self.target)
+        final, to_header = self._final_response(call_id)
+        if final is not None and 200 <= final < 300 and to_header is not None:
+            self._ack_and_bye(invite, to_header)
+            return Outcome(case.number, case.group, final, True)
+        if final is None:
+            # Still ringing (or silent): the case's own CANCEL, same branch as the INVITE.
+            self.sock.sendto(_fill(case.teardown, {**values, b"<Teardown-Method>": b"CANCEL"}),
+                             self.target)
+            self._final_response(call_id, wait_s=0.5)
+        return Outcome(case.number, case.group, final, False)
+
+    def _final_response(
+        self, call_id: bytes, wait_s: float | None = None
+    ) -> tuple[int | None, bytes | None]:
+        deadline = time.monotonic() + (self.wait_s if wait_s is None else wait_s)
+        while (left := deadline - time.monotonic()) > 0:
+            self.sock.settimeout(left)
+            try:
+                data, _ = self.sock.recvfrom(65535)
+            except TimeoutError:
+                break
+            if call_id not in data or not data.startswith(b"SIP/2.0 "):
+                continue
+            status = int(data[8:11])
+            if status >= 200 and b" INVITE" in _header(data, b"CSeq"):
+                return status, _header(data, b"To")
+        return None, None
+
+    def _ack_and_bye(self, invite: bytes, to_header: bytes) -> None:
+        head = invite.partition(b"\r\n\r\n")[0].split(b"\r\n")
+        request_uri = head[0].split(b" ")[1]
+        kept = [h for h in head[1:] if h.split(b":", 1)[0].lower() in (b"via", b"from", b"call-id")]
+        for method, cseq in ((b"ACK", b"1 ACK"), (b"BYE", b"2 BYE")):
+            via = [h if not h.lower().startswith(b"via") or method == b"ACK"
+                   else h.replace(b"branch=z9hG4bK", b"branch=z9hG4bKbye") for h in kept]
+            message = b"\r\n".join(
+                [method + b" " + request_uri + b" SIP/2.0", *via, b"To: " + to_header,
+                 b"CSeq: " + cseq, b"Max-Forwards: 70", b"Content-Length: 0", b"", b""]
+            )
+            self.sock.sendto(message, self.target)
+        self._drain(0.3)
+
+    def _drain(self, wait_s: float) -> None:
+        deadline = time.monotonic() + wait_s
+        while (left := deadline - time.monotonic()) > 0:
+            self.sock.settimeout(left)
+            try:
+                self.sock.recvfrom(65535)
+            except TimeoutError:
+                return
+
+
+def _header(message: bytes, name: bytes) -> bytes:
+    for line in message.split(b"\r\n"):
+        key, _, value = line.partition(b":")
+        if key.strip().lower() == name.lower():
+            return value.strip()
+    return b""

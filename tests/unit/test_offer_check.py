@@ -1,0 +1,33 @@
+"""Offers PJSIP would abort on are recognised before anything is answered."""
+
+from __future__ import annotations
+
+from telephony.offer_check import MAX_ADDRESS, BadOffer, check_offer
+
+HEAD = (
+    "INVITE sip:service@127.0.0.1 SIP/2.0\r\nCall-ID: x\r\nContent-Type: application/sdp\r\n\r\n"
+)
+
+
+def _sdp(connection: str = "127.0.0.1", origin: str = "127.0.0.1", extra: str = "") -> str:
+    return (
+        f"v=0\r\no=- 1 1 IN IP4 {origin}\r\ns=-\r\nc=IN IP4 {connection}\r\nt=0 0\r\n"
+        f"m=audio 9876 RTP/AVP 0\r\n{extra}"
+    )
+
+
+def test_an_ordinary_offer_and_no_offer_pass() -> None:
+    assert check_offer(HEAD + _sdp()) is None
+    assert check_offer(HEAD) is None
+    assert check_offer(HEAD + _sdp(connection="a" * (MAX_ADDRESS - 1))) is None
+
+
+def test_an_address_pjsip_asserts_on_is_refused_488() -> None:
+    long = "%.*s" * 100  # PROTOS sdp-connection-ip: a few hundred characters
+    refused = BadOffer(488, "sdp_address_too_long")
+    assert check_offer(HEAD + _sdp(connection=long)) == refused
+    assert check_offer(HEAD + _sdp(origin="9" * MAX_ADDRESS)) == refused
+    assert check_offer(HEAD + _sdp(extra=f"a=rtcp:9877 IN IP4 {'h' * 300}\r\n")) == refused
+    # Media-level connection lines too, and bare LF line ends.
+    media_level = _sdp() + f"c=IN IP4 {'1' * 260}\r\n"
+    assert check_offer((HEAD + media_level).replace("\r\n", "\n")) == refused
