@@ -118,8 +118,9 @@ class Replayer:
             return Outcome(case.number, case.group, final, True)
         if final is None:
             # Still ringing (or silent): the case's own CANCEL, same branch as the INVITE.
-            self.sock.sendto(_fill(case.teardown, {**values, b"<Teardown-Method>": b"CANCEL"}),
-                             self.target)
+            self.sock.sendto(
+                _fill(case.teardown, {**values, b"<Teardown-Method>": b"CANCEL"}), self.target
+            )
             self._final_response(call_id, wait_s=0.5)
         return Outcome(case.number, case.group, final, False)
 
@@ -145,11 +146,23 @@ class Replayer:
         request_uri = head[0].split(b" ")[1]
         kept = [h for h in head[1:] if h.split(b":", 1)[0].lower() in (b"via", b"from", b"call-id")]
         for method, cseq in ((b"ACK", b"1 ACK"), (b"BYE", b"2 BYE")):
-            via = [h if not h.lower().startswith(b"via") or method == b"ACK"
-                   else h.replace(b"branch=z9hG4bK", b"branch=z9hG4bKbye") for h in kept]
+            via = [
+                h
+                if not h.lower().startswith(b"via") or method == b"ACK"
+                else h.replace(b"branch=z9hG4bK", b"branch=z9hG4bKbye")
+                for h in kept
+            ]
             message = b"\r\n".join(
-                [method + b" " + request_uri + b" SIP/2.0", *via, b"To: " + to_header,
-                 b"CSeq: " + cseq, b"Max-Forwards: 70", b"Content-Length: 0", b"", b""]
+                [
+                    method + b" " + request_uri + b" SIP/2.0",
+                    *via,
+                    b"To: " + to_header,
+                    b"CSeq: " + cseq,
+                    b"Max-Forwards: 70",
+                    b"Content-Length: 0",
+                    b"",
+                    b"",
+                ]
             )
             self.sock.sendto(message, self.target)
         self._drain(0.3)

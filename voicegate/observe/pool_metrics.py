@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollecto
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from voicegate.pool.kamailio_config import STAT_FAILOVERS, STAT_NO_WORKER
+from voicegate.pool.kamailio_config import STAT_BAD_OFFER, STAT_FAILOVERS, STAT_NO_WORKER
 
 
 class PoolMetrics:
@@ -87,3 +87,9 @@ class _FrontDoorCollector(Collector):
         )
         refused.add_metric([], self._metrics.front_door_total(STAT_NO_WORKER))
         yield refused
+        bad_offers = CounterMetricFamily(
+            "voicegate_front_door_bad_offers",
+            "INVITEs the front door answered 488 itself: offers the workers' PJSIP would abort on",
+        )
+        bad_offers.add_metric([], self._metrics.front_door_total(STAT_BAD_OFFER))
+        yield bad_offers

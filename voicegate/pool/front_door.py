@@ -19,6 +19,7 @@ from pathlib import Path
 
 from voicegate.pool.kamailio_config import (
     DISPATCHER_SET,
+    STAT_BAD_OFFER,
     STAT_FAILOVERS,
     STAT_NO_WORKER,
     FrontDoor,
@@ -161,7 +162,8 @@ class Kamailio:
     async def counters(self) -> dict[str, int]:
         out = await self._rpc("stats.get_statistics", "script:")
         found = {name: int(value) for name, value in _STAT_LINE.findall(out or "")}
-        return {name: found[name] for name in (STAT_FAILOVERS, STAT_NO_WORKER) if name in found}
+        names = (STAT_FAILOVERS, STAT_NO_WORKER, STAT_BAD_OFFER)
+        return {name: found[name] for name in names if name in found}
 
     async def stop(self) -> None:
         proc = self._proc

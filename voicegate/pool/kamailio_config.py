@@ -22,6 +22,10 @@ from pathlib import Path
 # Custom counters the routing script updates; the supervisor reads them over the ctl socket.
 STAT_FAILOVERS = "vg_failovers"
 STAT_NO_WORKER = "vg_no_worker"
+STAT_BAD_OFFER = "vg_bad_offer"
+# The offers telephony/offer_check.py refuses, as a POSIX regex on the SDP body: an address of
+# 254 characters or more (PJ_MAX_HOSTNAME) makes the worker's PJSIP assert and abort.
+BAD_OFFER_RE = "^([co]=|a=rtcp:).* [[:graph:]]{254,}"
 DISPATCHER_SET = 1
 
 
@@ -97,6 +101,7 @@ modparam("rr", "enable_full_lr", 1)
 modparam("rr", "append_fromtag", 1)
 modparam("statistics", "variable", "{STAT_FAILOVERS}")
 modparam("statistics", "variable", "{STAT_NO_WORKER}")
+modparam("statistics", "variable", "{STAT_BAD_OFFER}")
 modparam("dispatcher", "list_file", "{door.dispatcher_list}")
 modparam("dispatcher", "flags", 2)
 # Probe every destination with OPTIONS; two failures take it out of the set, one success brings
@@ -143,6 +148,12 @@ request_route {{
     }}
     if (t_check_trans()) {{
         # A retransmission of an INVITE already being relayed.
+        exit;
+    }}
+    if (has_body("application/sdp") && search_body("{BAD_OFFER_RE}")) {{
+        # An offer the workers' PJSIP would abort on: no worker ever sees it.
+        update_stat("{STAT_BAD_OFFER}", "+1");
+        sl_send_reply("488", "Not Acceptable Here");
         exit;
     }}
     remove_hf("Route");
