@@ -36,8 +36,10 @@ from session.vocabulary import OwnerId, Terminal
 from telephony import events as ev
 from telephony.endpoint import EndpointConfig, SipEndpoint
 from telephony.sip_message import mask_uri
+from voicegate.call.call_state import CallPhase
 from voicegate.call.clock import SessionClock
-from voicegate.call.live_call import CallPhase, HangupPlan, LiveCall
+from voicegate.call.hangup import HangupPlan
+from voicegate.call.live_call import LiveCall
 from voicegate.faults import Faults
 from voicegate.observe.metrics import Metrics
 from voicegate.tools.client import ToolClient

@@ -27,8 +27,9 @@ from session.store import Lease, LeaseLost, SessionStore, ToolIntent, ToolReceip
 from session.store.sqlite import SqliteSessionStore
 from session.store.writer import StoreWriter
 from telephony import events as ev
+from voicegate.call.call_state import CallPhase
 from voicegate.call.clock import SessionClock
-from voicegate.call.live_call import CallPhase, LiveCall
+from voicegate.call.live_call import LiveCall
 from voicegate.faults import Faults
 from voicegate.observe.metrics import Metrics
 from voicegate.tools.client import ToolOutcome

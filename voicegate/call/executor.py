@@ -16,7 +16,7 @@ from session import effects as fx
 
 
 class EffectTarget(Protocol):
-    """The actions of one live call that effects map onto (voicegate/call/live_call.py)."""
+    """The actions of one live call that effects map onto (voicegate/call/actions.py)."""
 
     def clear_playout(self, generation: int) -> None: ...
 

@@ -1,0 +1,156 @@
+"""The actions of one live call that the session's effects map onto (the
+:class:`~voicegate.call.executor.EffectTarget` that voicegate/call/executor.py calls).
+
+Each action is small: it hands the decision to the part of the call that owns what it changes
+(the playout, responses, timers, tool calls, the agent's notices, the hang-up).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from telephony import events as ev
+from voicegate.call.call_state import CallPhase, CallState
+from voicegate.call.clock import SessionClock
+from voicegate.call.hangup import HangingUp
+from voicegate.call.notices import AgentNotices
+from voicegate.call.responses import Responses
+from voicegate.call.services import CallServices
+from voicegate.call.timers import SessionTimers
+from voicegate.tools.call_tools import CallTools
+
+log = logging.getLogger("voicegate.call")
+
+
+class CallActions:
+    def __init__(
+        self,
+        state: CallState,
+        services: CallServices,
+        clock: SessionClock,
+        *,
+        responses: Responses,
+        hangup: HangingUp,
+        timers: SessionTimers,
+        tools: CallTools,
+        notices: AgentNotices,
+    ) -> None:
+        self._state = state
+        self._services = services
+        self._clock = clock
+        self._responses = responses
+        self._hangup = hangup
+        self._timers = timers
+        self._tools = tools
+        self._notices = notices
+
+    def clear_playout(self, generation: int) -> None:
+        channel = self._state.channel
+        if channel is not None and generation > channel.playout.generation:
+            channel.playout.interrupt(generation)
+        # Nothing queued before the clear may continue: the next chunk opens a new response.
+        self._responses.forget()
+
+    def cancel_response(self, response_id: str) -> None:
+        if self._responses.response_id == response_id:
+            self._responses.forget()
+
+    def bind_response(self, response_id: str, generation: int) -> None:
+        channel = self._state.channel
+        if channel is not None:
+            channel.playout.begin(response_id, generation)
+
+    def stop_generation(self) -> None:
+        self._notices.post("stop", "")
+
+    def gate_changed(self, old: str, new: str) -> None:
+        log.info("session.gate", extra={"call_id": self._state.call_id, "old": old, "new": new})
+
+    def recovery_started(self, generation: int, interruption: str, deadline: float) -> None:
+        log.info(
+            "recovery.started",
+            extra={
+                "call_id": self._state.call_id,
+                "generation": generation,
+                "interruption": interruption,
+                "deadline_in_s": round(deadline - self._clock.now(), 3),
+            },
+        )
+
+    def attempt_recovery(
+        self, generation: int, attempt: int, interruptions: tuple[str, ...]
+    ) -> None:
+        # A re-INVITE or a transfer is its own SIP transaction and answers for itself; a media
+        # gap has no transaction, so its attempt asks the dialog whether it still exists.
+        log.info(
+            "recovery.attempt",
+            extra={"call_id": self._state.call_id, "generation": generation, "attempt": attempt},
+        )
+        if "media" in interruptions and self._state.phase is CallPhase.ANSWERED:
+            self._probe_dialog(generation, attempt)
+
+    def _probe_dialog(self, generation: int, attempt: int) -> None:
+        # RFC 3261 section 11: an OPTIONS inside the dialog. A 481 or 408 (or no transport)
+        # means the peer no longer has the dialog (section 12.2.1.2): RecoveryProbed ends the
+        # session failed at once, instead of waiting out session.recovery_timeout_s. (PJSIP's
+        # own dialog layer then sends the BYE 12.2.1.2 asks for; the session sends none.)
+        self._services.submit(ev.ProbeDialog(self._state.call_id, generation, attempt))
+
+    def recovery_finished(self, generation: int, outcome: str) -> None:
+        log.info(
+            "recovery.finished",
+            extra={"call_id": self._state.call_id, "generation": generation, "outcome": outcome},
+        )
+
+    def schedule_timer(self, name: str, due: float, generation: int, attempt: int) -> None:
+        self._timers.arm(name, due, generation, attempt)
+
+    def cancel_timer(self, name: str) -> None:
+        self._timers.cancel(name)
+
+    def reconcile(self, keys: tuple[str, ...]) -> None:
+        self._tools.reconcile(keys, tool_of=self._tool_of)
+
+    def send_tool_request(self, key: str) -> None:
+        intent = self._state.outstanding(key)
+        if intent is not None:
+            self._tools.send(intent, self._tools.persist_intent(intent))
+
+    def cancel_tool_calls(self, keys: tuple[str, ...]) -> None:
+        self._tools.cancel(keys)
+
+    def persist_outstanding(self, keys: tuple[str, ...]) -> None:
+        state = self._state.session_state
+        if state is None:
+            return
+        self._tools.persist_outstanding([o for o in state.outstanding if o.key in keys])
+
+    def say(self, prompt: str, *, before_hangup: bool) -> None:
+        self._responses.say(prompt)
+
+    def notify_agent(self, what: str, detail: str) -> None:
+        # Agents are awaited from the call's own task, never from inside a step.
+        self._notices.post(what, detail)
+
+    def release_media(self) -> None:
+        # No more caller audio to VAD or the agent, and no agent audio admitted; what the
+        # session itself queued (a goodbye) still plays before the BYE.
+        self._state.media_released = True
+        if self._state.channel is not None:
+            self._state.channel.inbound.clear()
+
+    def hang_up(self, reason: str, *, after_prompt: bool) -> None:
+        self._hangup.send_bye(reason, after_prompt=after_prompt)
+
+    def finished(self, terminal_state: str, reason: str, stage: str | None) -> None:
+        self._timers.cancel_all()
+
+    def stale_event_ignored(self, event_type: str, why: str) -> None:
+        log.debug(
+            "session.stale_event",
+            extra={"call_id": self._state.call_id, "event_type": event_type, "why": why},
+        )
+
+    def _tool_of(self, key: str) -> str:
+        intent = self._state.outstanding(key)
+        return intent.tool if intent else ""

@@ -1,0 +1,98 @@
+"""What the call tells its agent outside a caller's turn: the session's notices (interrupted,
+resumed, a response cut, stop), tool results, marks heard, and the call's end.
+
+Every one is awaited from the call's own task, never from inside a session step: an effect only
+posts an :class:`AgentNotice` to the call's queue.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from agents.base import ToolResult
+from voicegate.call.call_state import CallPhase, CallState
+from voicegate.tools.call_tools import CallTools, ToolDone
+
+log = logging.getLogger("voicegate.call")
+
+
+@dataclass(frozen=True, slots=True)
+class AgentNotice:
+    """A NotifyAgent effect, delivered to the agent from the call's task."""
+
+    what: str
+    detail: str
+
+
+class AgentNotices:
+    def __init__(self, state: CallState, tools: CallTools, post: Callable[[object], None]) -> None:
+        self._state = state
+        self._tools = tools
+        self._post = post
+        self._results: dict[str, ToolResult] = {}
+
+    def post(self, what: str, detail: str) -> None:
+        """Queue a notice for the call's task to deliver."""
+        self._post(AgentNotice(what, detail))
+
+    async def deliver(self, notice: AgentNotice) -> None:
+        """A NotifyAgent or StopGeneration effect, delivered from the call's task."""
+        agent = self._state.agent
+        if notice.what == "tool_receipt":
+            # The receipt's result (with the provider's detail) was kept when it was recorded.
+            result = self._results.pop(notice.detail.split(" ", 1)[0], None)
+            if result is not None:
+                await self.tool_result(result)
+            return
+        if agent is None or self._state.phase is not CallPhase.ANSWERED:
+            return
+        match notice.what:
+            case "interrupted":
+                await agent.on_interrupted(notice.detail)
+            case "resumed":
+                await agent.on_resumed(notice.detail)
+            case "response_interrupted":
+                heard = notice.detail.rpartition("heard_ms=")[2]
+                await agent.on_response_interrupted(int(heard) if heard.isdigit() else 0)
+            case "stop":
+                await agent.on_stop()
+            case _:
+                log.warning(
+                    "agent.unknown_notice",
+                    extra={"call_id": self._state.call_id, "what": notice.what},
+                )
+
+    async def tool_done(self, done: ToolDone) -> None:
+        intent = self._state.outstanding(done.key)
+        session = self._state.session
+        if intent is None or session is None or session.state.terminal:
+            return
+        # Recording it feeds the receipt to the session, whose NotifyAgent effect hands this
+        # result to the agent (unless the receipt ended the session).
+        self._results[done.key] = self._tools.record(done, intent.tool)
+
+    async def tool_result(self, result: ToolResult) -> None:
+        agent = self._state.agent
+        if agent is not None and self._state.phase is CallPhase.ANSWERED:
+            await agent.on_tool_result(result)
+
+    async def mark_heard(self, mark_id: str) -> None:
+        agent = self._state.agent
+        if agent is not None and self._state.phase is CallPhase.ANSWERED:
+            await agent.on_mark(mark_id)
+
+    async def call_ended(self) -> None:
+        agent = self._state.agent
+        if agent is None:
+            return
+        try:
+            await agent.on_end(self._ending_reason())
+        except Exception:
+            log.exception("agent.on_end failed", extra={"call_id": self._state.call_id})
+
+    def _ending_reason(self) -> str:
+        state = self._state.session_state
+        ended = state.ended if state else None
+        return ended.reason if ended else "call ended"

@@ -1,0 +1,37 @@
+"""What a live call needs from the process around it (voicegate/runtime.py provides it)."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+from numpy.typing import NDArray
+
+from audio.barge_in import BargeInConfig
+from audio.vad import VadConfig
+from session import effects as fx
+from session.store import SessionStore
+from session.store.writer import StoreWriter
+from telephony import events as ev
+from voicegate.observe.metrics import Metrics
+from voicegate.tools.call_tools import ToolServices
+
+
+class CallServices(ToolServices, Protocol):
+    """What a live call needs from the process around it."""
+
+    store: SessionStore
+    writer: StoreWriter
+    metrics: Metrics
+    answer_after_s: float
+    owner: str
+
+    def submit(self, command: ev.SipCommand) -> None: ...
+
+    def prompt(self, name: str, rate: int) -> NDArray[np.int16]: ...
+
+    def policy(self) -> dict[str, float]: ...
+
+    def audio_settings(self) -> tuple[int, VadConfig, BargeInConfig]: ...
+
+    def record_effects(self, effects: list[fx.Effect]) -> None: ...
