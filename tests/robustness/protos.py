@@ -21,6 +21,7 @@ from pathlib import Path
 
 CORPUS = Path(__file__).resolve().parents[3] / "shared" / "sip-corpus" / "protos-c07-sip.tar.xz"
 _PDU = re.compile(rb"(\d+) ")
+QUIET_S = 0.3  # no answer at all in this long: the server dropped the message
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,15 +128,27 @@ class Replayer:
     def _final_response(
         self, call_id: bytes, wait_s: float | None = None
     ) -> tuple[int | None, bytes | None]:
-        deadline = time.monotonic() + (self.wait_s if wait_s is None else wait_s)
+        """The INVITE's final status and To header. A server that says nothing at all within
+        :data:`QUIET_S` dropped the message (as it may, for garbage); one that answered with a
+        provisional is given the whole ``wait_s``."""
+        start = time.monotonic()
+        deadline = start + (self.wait_s if wait_s is None else wait_s)
+        heard = False
         while (left := deadline - time.monotonic()) > 0:
+            if not heard:
+                left = min(left, start + QUIET_S - time.monotonic())
+                if left <= 0:
+                    break
             self.sock.settimeout(left)
             try:
                 data, _ = self.sock.recvfrom(65535)
             except TimeoutError:
-                break
+                if heard:
+                    break
+                continue
             if call_id not in data or not data.startswith(b"SIP/2.0 "):
                 continue
+            heard = True
             status = int(data[8:11])
             if status >= 200 and b" INVITE" in _header(data, b"CSeq"):
                 return status, _header(data, b"To")
