@@ -162,10 +162,11 @@ class SessionSteps:
     async def settled(self) -> None:
         """Wait until every step so far is durable and its effects carried out."""
         while self._acting:
-            write = self._acting[-1][0]
-            if write is not None and not write.done():
+            # The oldest write still running holds up everything behind it (log order).
+            pending = next((w for w, _ in self._acting if w is not None and not w.done()), None)
+            if pending is not None:
                 with contextlib.suppress(Exception):
-                    await asyncio.wrap_future(write)
+                    await asyncio.wrap_future(pending)
             self._act()
 
     def lose_lease(self, lost: LeaseLost) -> None:
