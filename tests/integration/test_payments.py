@@ -43,6 +43,9 @@ def test_a_payment_is_charged_once_and_read_back(
     assert receipt["outcome"] == "committed"
     intent = next(e["payload"] for e in session["events"] if e["type"] == "tool_intent")
     assert intent["key"] == charge["key"] == receipt["key"]
+    # The log is the truth for tools: the intent event carries the request the provider got.
+    assert intent["arguments"]["amount_cents"] == 59
+    assert intent["arguments"]["currency"] == "EUR"
     # The approval came from the caller's key press, before the intent.
     types = [e["type"] for e in session["events"]]
     assert types.index("approval_given") < types.index("tool_intent")
