@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
+from schemathesis.checks import positive_data_acceptance
 
 from tests.integration.harness import LOOPBACK, Server
 
@@ -52,7 +53,12 @@ def errors_are_json(ctx: Any, response: Any, case: Any) -> bool | None:
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 def test_the_api_keeps_its_document(case: schemathesis.Case, server: Server) -> None:
+    # Two refusals of GET /v1/sessions no schema can express, both documented 400s: a cursor is
+    # opaque and only one this server issued is accepted, and state=open excludes a
+    # terminal_state. Schema-valid data may be refused there, and only there.
+    excluded = [positive_data_acceptance] if case.operation.label == "GET /v1/sessions" else []
     case.call_and_validate(
         base_url=f"http://{LOOPBACK}:{server.http_port}",
         additional_checks=[errors_are_json],
+        excluded_checks=excluded,
     )
