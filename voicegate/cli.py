@@ -16,6 +16,7 @@ from config.rules import Invalid, name_token
 from config.workers import worker_settings, worker_slots
 from telephony.endpoint import TelephonyStartError
 from voicegate.control.http_api import make_app
+from voicegate.control.http_rules import app_runner as app_runner_for
 from voicegate.control.pool_api import make_pool_app
 from voicegate.observe.logs import setup_logging
 from voicegate.pool.front_door import front_door_for
@@ -159,7 +160,7 @@ def _log_started(settings: Settings, **extra: object) -> None:
 async def serve(settings: Settings) -> int:
     stop, hurry = stop_signals()
     runtime = Runtime(settings)
-    app_runner = web.AppRunner(make_app(runtime), access_log=None)
+    app_runner = app_runner_for(make_app(runtime))
     await app_runner.setup()
     try:
         site = web.TCPSite(app_runner, settings.http.address, settings.http.port)
@@ -178,7 +179,7 @@ async def supervise(settings: Settings, config_path: str | None) -> int:
     """``serve`` with ``pool.workers > 1``: run the pool until SIGTERM, then drain it."""
     stop, hurry = stop_signals()
     supervisor = Supervisor(settings, config_path)
-    runner = web.AppRunner(make_pool_app(supervisor), access_log=None)
+    runner = app_runner_for(make_pool_app(supervisor))
     await runner.setup()
     try:
         try:

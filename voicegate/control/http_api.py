@@ -14,6 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from session.durable import DurableSession
 from session.state import TERMINAL_STATES
 from session.store import SessionStore, SessionSummary
+from voicegate.control.http_rules import json_error, new_app
 from voicegate.runtime import Runtime
 
 
@@ -32,10 +33,6 @@ class SessionsView(Protocol):
 
 RUNTIME = web.AppKey("runtime", Runtime)
 SESSIONS = web.AppKey("sessions", SessionsView)
-
-
-def json_error(status: int, message: str, **fields: object) -> web.Response:
-    return web.json_response({"error": message, **fields}, status=status)
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -117,15 +114,7 @@ MAX_LIMIT = 500
 
 async def list_sessions(request: web.Request) -> web.Response:
     view = request.app[SESSIONS]
-    query = request.query
-    unknown = sorted(set(query) - {"state", "terminal_state", "limit", "cursor"})
-    if unknown:
-        return json_error(
-            400,
-            f"unknown parameter {unknown[0]!r}",
-            parameter=unknown[0],
-            allowed=["state", "terminal_state", "limit", "cursor"],
-        )
+    query = request.query  # unknown and repeated parameters are refused before (http_rules)
     state = query.get("state")
     if state is not None and state not in _STATES:
         return json_error(
@@ -258,13 +247,16 @@ async def get_session(request: web.Request) -> web.Response:
 
 
 def make_app(runtime: Runtime) -> web.Application:
-    app = web.Application()
+    """One process's control plane (docs/openapi.yaml; the rules of http_rules.py)."""
+    app = new_app()
     app[RUNTIME] = runtime
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/v1/calls", list_calls)
-    app.router.add_get("/v1/calls/{call_id}", get_call)
+    # No HEAD twins (aiohttp adds one to each GET by default): the API is what the document
+    # says, and a method it does not list gets a JSON 405.
+    app.router.add_get("/healthz", healthz, allow_head=False)
+    app.router.add_get("/readyz", readyz, allow_head=False)
+    app.router.add_get("/metrics", metrics, allow_head=False)
+    app.router.add_get("/v1/calls", list_calls, allow_head=False)
+    app.router.add_get("/v1/calls/{call_id}", get_call, allow_head=False)
     app.router.add_post("/v1/calls/{call_id}/hangup", hangup_call)
     add_sessions_routes(app, runtime)
     return app
@@ -272,5 +264,5 @@ def make_app(runtime: Runtime) -> web.Application:
 
 def add_sessions_routes(app: web.Application, view: SessionsView) -> None:
     app[SESSIONS] = view
-    app.router.add_get("/v1/sessions", list_sessions)
-    app.router.add_get("/v1/sessions/{session_id}", get_session)
+    app.router.add_get("/v1/sessions", list_sessions, allow_head=False)
+    app.router.add_get("/v1/sessions/{session_id}", get_session, allow_head=False)

@@ -15,7 +15,8 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest, multiprocess
 
-from voicegate.control.http_api import add_sessions_routes, json_error, prometheus_response
+from voicegate.control.http_api import add_sessions_routes, prometheus_response
+from voicegate.control.http_rules import json_error, new_app
 from voicegate.pool.supervisor import Supervisor, Worker, WorkerState
 
 SUPERVISOR = web.AppKey("supervisor", Supervisor)
@@ -145,14 +146,15 @@ async def hangup_call(request: web.Request) -> web.Response:
 
 
 def make_pool_app(supervisor: Supervisor) -> web.Application:
-    app = web.Application()
+    """The pool's control plane: the routes of one process's, and ``/v1/pool``."""
+    app = new_app()
     app[SUPERVISOR] = supervisor
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/v1/pool", pool)
-    app.router.add_get("/v1/calls", list_calls)
-    app.router.add_get("/v1/calls/{call_id}", get_call)
+    app.router.add_get("/healthz", healthz, allow_head=False)
+    app.router.add_get("/readyz", readyz, allow_head=False)
+    app.router.add_get("/metrics", metrics, allow_head=False)
+    app.router.add_get("/v1/pool", pool, allow_head=False)
+    app.router.add_get("/v1/calls", list_calls, allow_head=False)
+    app.router.add_get("/v1/calls/{call_id}", get_call, allow_head=False)
     app.router.add_post("/v1/calls/{call_id}/hangup", hangup_call)
     add_sessions_routes(app, supervisor)
     return app
