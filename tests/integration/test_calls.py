@@ -63,6 +63,8 @@ def test_speech_and_dtmf_call_is_answered_listed_and_recorded(
     # 7 s of caller speech reached the media bridge, and the greeting/read-back went out.
     assert server.metric("voicegate_media_frames_total", direction="in") > 300
     assert server.metric("voicegate_media_frames_total", direction="out") > 100
+    # Every media tick of the call measured how late the event loop let it run.
+    assert server.metric("voicegate_event_loop_lag_seconds_count") > 50
     readbacks = [e for e in server.log_events() if e.get("event") == "demo.readback"]
     assert [e["count"] for e in readbacks] == [2]
     # The digits themselves never reach the log.

@@ -187,3 +187,17 @@ def test_a_gap_whose_dialog_is_gone_ends_failed_at_the_first_probe(
     assert session["events"][-1]["type"] == "recovery_probed"  # the dialog's end changed nothing
     assert server.metric("voicegate_recoveries_total", kind="media", outcome="failed") == 1
     assert server.metric("voicegate_sessions_ended_total", terminal_state="failed") == 1
+
+
+def test_the_readme_scenarios_answer_the_probes_at_the_product_defaults(
+    server_factory: ServerFactory, tmp_path: Path
+) -> None:
+    # SIPp sends RTP only while it plays a capture: at the product's 1 s gap threshold the
+    # silences between its steps are media gaps, and the server probes the dialog. Every uac-*
+    # scenario answers those OPTIONS (SIPp would otherwise abort the call on them).
+    server = server_factory(**PRODUCT_GAP)
+    sipp = Sipp("uac-speech-dtmf.xml", server.sip_target, tmp_path)
+    assert sipp.run() == 0, sipp.errors()
+    session = _ended(server)
+    probes = [e["payload"] for e in session["events"] if e["type"] == "recovery_probed"]
+    assert probes and all(p["status"] == 200 for p in probes)

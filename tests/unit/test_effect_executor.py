@@ -115,7 +115,7 @@ def test_a_goodbye_in_the_same_step_is_heard_before_the_bye() -> None:
     target = Recorder()
     execute([fx.Say("goodbye"), fx.ReleaseMedia(), fx.HangUp("done")], target)
     assert target.calls == [
-        ("say", ("goodbye",), {"before_hangup": True}),
+        ("say", ("goodbye",), {}),
         ("release_media", (), {}),
         ("hang_up", ("done",), {"after_prompt": True}),
     ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 
+from session.vocabulary import Interruption
 from telephony import events as ev
 from voicegate.call.call_state import CallPhase, CallState
 from voicegate.call.clock import SessionClock
@@ -86,7 +87,7 @@ class CallActions:
             "recovery.attempt",
             extra={"call_id": self._state.call_id, "generation": generation, "attempt": attempt},
         )
-        if "media" in interruptions and self._state.phase is CallPhase.ANSWERED:
+        if Interruption.MEDIA in interruptions and self._state.phase is CallPhase.ANSWERED:
             self._probe_dialog(generation, attempt)
 
     def _probe_dialog(self, generation: int, attempt: int) -> None:
@@ -125,7 +126,7 @@ class CallActions:
             return
         self._tools.persist_outstanding([o for o in state.outstanding if o.key in keys])
 
-    def say(self, prompt: str, *, before_hangup: bool) -> None:
+    def say(self, prompt: str) -> None:
         self._responses.say(prompt)
 
     def notify_agent(self, what: str, detail: str) -> None:

@@ -3,8 +3,9 @@
 The machine decides; this module only says which action of the call carries each decision out.
 The match is exhaustive over :data:`session.effects.AnyEffect` (``typing.assert_never``): a new
 effect type with no executor fails mypy, and tests/unit/test_effect_executor.py fails when an
-effect class is missing from the union. Effects run in the order the machine emitted them, after
-the step that produced them is durable (session/durable.py).
+effect class is missing from the union. Effects run in the order the machine emitted them; those
+that reach outside the process only once their step is durable (:data:`IN_PROCESS` says which
+need not wait, voicegate/call/acting.py does the waiting).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ class EffectTarget(Protocol):
 
     def persist_outstanding(self, keys: tuple[str, ...]) -> None: ...
 
-    def say(self, prompt: str, *, before_hangup: bool) -> None: ...
+    def say(self, prompt: str) -> None: ...
 
     def notify_agent(self, what: str, detail: str) -> None: ...
 
@@ -90,14 +91,13 @@ def split_in_process(effects: Sequence[fx.Effect]) -> tuple[list[fx.Effect], lis
 def execute(effects: Sequence[fx.Effect], target: EffectTarget) -> None:
     """Carry out ``effects`` in order. A step that says something and hangs up (``Say`` then
     ``HangUp``) lets the caller hear it first."""
-    ends_call = any(isinstance(effect, fx.HangUp) for effect in effects)
     said = any(isinstance(effect, fx.Say) for effect in effects)
     for effect in effects:
-        execute_one(cast("fx.AnyEffect", effect), target, ends_call=ends_call, said=said)
+        execute_one(cast("fx.AnyEffect", effect), target, said=said)
 
 
 def execute_one(
-    effect: fx.AnyEffect, target: EffectTarget, *, ends_call: bool = False, said: bool = False
+    effect: fx.AnyEffect, target: EffectTarget, *, said: bool = False
 ) -> None:
     match effect:
         case fx.ClearPlayout(generation=generation):
@@ -129,7 +129,7 @@ def execute_one(
         case fx.PersistOutstanding(keys=keys):
             target.persist_outstanding(keys)
         case fx.Say(prompt=prompt):
-            target.say(prompt, before_hangup=ends_call)
+            target.say(prompt)
         case fx.NotifyAgent(what=what, detail=detail):
             target.notify_agent(what, detail)
         case fx.ReleaseMedia():

@@ -73,8 +73,7 @@ class HangingUp:
         ):
             return  # the session's HangUp effect sends the BYE once the ending is durable
         if state.phase not in (CallPhase.ENDING, CallPhase.ENDED):
-            state.phase = CallPhase.ENDING
-            self._services.submit(ev.Hangup(state.call_id, status=status))
+            self._bye()
 
     def on_tick(self) -> None:
         """A media tick: the BYE that waits for queued audio goes once it is heard, or late."""
@@ -93,5 +92,8 @@ class HangingUp:
             # The prompt this step queued (Say) is heard before the BYE.
             self._waiting_since = asyncio.get_running_loop().time()
         else:
-            state.phase = CallPhase.ENDING
-            self._services.submit(ev.Hangup(state.call_id, status=self._status))
+            self._bye()
+
+    def _bye(self) -> None:
+        self._state.phase = CallPhase.ENDING
+        self._services.submit(ev.Hangup(self._state.call_id, status=self._status))
