@@ -239,8 +239,9 @@ class SessionStore(Protocol):
         already recorded; SequenceConflict. The lease comes before the log's state: a writer
         that lost its lease must stop whatever the log says now, and SessionFinished or
         SequenceConflict would invite it to reload and go on. Sets ``updated_at`` to
-        ``record.at``, ``status``, and ``terminal_state`` when given (which closes the log after
-        this event).
+        ``record.at`` unless a heartbeat set it later (``record.at`` is the writer's session time,
+        which a wall-clock step can leave behind the heartbeat's wall time), ``status``, and
+        ``terminal_state`` when given (which closes the log after this event).
         """
         ...
 

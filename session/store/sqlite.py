@@ -279,9 +279,12 @@ class SqliteSessionStore:
                 if record.seq != last_seq + 1 + offset:
                     raise SequenceConflict(session_id, record.seq, last_seq + offset)
             self._db.executemany(_insert("events", EventRecord), rows)
+            # updated_at is the reaper's sign of life, compared across processes in wall-clock
+            # time; an event's ``at`` is the writer's session time, which a wall-clock step can
+            # leave behind a heartbeat. It never moves a newer heartbeat back.
             self._db.execute(
-                "UPDATE sessions SET last_seq = ?, updated_at = ?, status = ?, terminal_state = ?"
-                " WHERE session_id = ?",
+                "UPDATE sessions SET last_seq = ?, updated_at = MAX(updated_at, ?), status = ?,"
+                " terminal_state = ? WHERE session_id = ?",
                 (records[-1].seq, records[-1].at, status, terminal_state, session_id),
             )
 

@@ -197,6 +197,16 @@ def test_append_many_writes_all_or_nothing(store: SessionStore) -> None:
     assert (summary.last_seq, summary.updated_at, summary.terminal_state) == (3, 103.0, "canceled")
 
 
+def test_an_event_never_moves_a_newer_heartbeat_back(store: SessionStore) -> None:
+    # A wall-clock step forward: the heartbeat (wall time) is ahead of the writer's session time.
+    store.create("s", owner=OWNER, meta={}, at=1.0)
+    assert store.touch("s", lease=LEASE, at=500.0)
+    store.append(event("s", 1), lease=LEASE, status="up", terminal_state=None)  # at=101.0
+    summary = store.get("s")
+    assert summary is not None and summary.updated_at == 500.0
+    assert store.open_sessions(updated_before=400.0) == []  # not stale to a reaper
+
+
 def test_only_the_lease_holder_touches_an_open_session(store: SessionStore) -> None:
     store.create("s", owner=OWNER, meta={}, at=1.0)
     assert not store.touch("s", lease=Lease("worker-b/1", 1), at=5.0)
