@@ -87,6 +87,3 @@ def reap_predecessors(store: SessionStore, *, worker: str, me: str, now: float) 
             reaped.append(summary.session_id)
     return reaped
 
-
-def is_stale(summary: SessionSummary, *, now: float, stale_after_s: float) -> bool:
-    return summary.terminal_state is None and summary.updated_at < now - stale_after_s

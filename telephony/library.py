@@ -28,7 +28,7 @@ class EndpointConfig:
     sip_address: str
     sip_port: int
     media_address: str
-    media_public_address: str
+    media_advertised_address: str  # the address SDP names (media.advertised_address)
     rtp_port_min: int
     rtp_port_max: int
     codecs: tuple[str, ...]
@@ -111,7 +111,7 @@ def account_config(cfg: EndpointConfig) -> Any:
     acc_cfg.idUri = f"sip:voicegate@{host}:{cfg.sip_port}"
     media_tp = acc_cfg.mediaConfig.transportConfig
     media_tp.boundAddress = cfg.media_address
-    media_tp.publicAddress = cfg.media_public_address or cfg.media_address
+    media_tp.publicAddress = cfg.media_advertised_address
     media_tp.port = cfg.rtp_port_min
     media_tp.portRange = cfg.rtp_port_max - cfg.rtp_port_min
     # RFC 4028: offered and accepted when the caller supports it; PJSIP refreshes when it is

@@ -13,15 +13,13 @@ from typing import TYPE_CHECKING, Any
 
 import pjsua2 as pj
 
+from audio.frame import FRAME_MS
 from audio.playout import Playout
 from telephony.frame_copy import Copier
 from telephony.thread_state import ThreadStatePins
 
 if TYPE_CHECKING:
     from telephony.c_media_port import CRing
-
-FRAME_MS = 20
-
 
 def frame_bytes(rate: int) -> int:
     """Bytes of one 20 ms mono 16-bit frame at ``rate``."""

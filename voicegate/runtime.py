@@ -61,7 +61,7 @@ def endpoint_config(settings: Settings) -> EndpointConfig:
         sip_address=sip.address,
         sip_port=sip.port,
         media_address=media.address,
-        media_public_address=media.public_address,
+        media_advertised_address=media.advertised_address,
         rtp_port_min=media.rtp_port_min,
         rtp_port_max=media.rtp_port_max,
         codecs=tuple(media.codecs),

@@ -62,7 +62,7 @@ async def main(
         sip_address="127.0.0.1",
         sip_port=port,
         media_address="127.0.0.1",
-        media_public_address="127.0.0.1",
+        media_advertised_address="127.0.0.1",
         rtp_port_min=rtp_min,
         rtp_port_max=rtp_max,
         codecs=("PCMA", "PCMU"),
