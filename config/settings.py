@@ -79,6 +79,14 @@ class SipSettings:
             "Seconds an incoming call rings (180) before it is answered; 0 answers at once",
         ),
     )
+    ack_timeout_s: float = field(
+        default=8.0,
+        metadata=key(
+            float_range(1, 32),
+            "Seconds an answered call waits for the caller's ACK before it is ended failed and "
+            "its call slot freed (RFC 3261's Timer H is 32 s; a half-open INVITE holds a slot)",
+        ),
+    )
     session_expires_s: int = field(
         default=1800,
         metadata=key(

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import pjsua2 as pj
 
 from telephony import events as ev
+from telephony.dialog_end import DialogKey
 from telephony.sip_message import cseq
 
 if TYPE_CHECKING:
@@ -27,6 +28,7 @@ class CallOwner(Protocol):
     def on_incoming(self, account: SipAccount, prm: Any) -> None: ...
     def on_call_state(self, call: SipCall) -> None: ...
     def on_media_state(self, call: SipCall) -> None: ...
+    def on_answer_sent(self, call: SipCall, response: str) -> None: ...
 
 
 class SipAccount(pj.Account):  # type: ignore[misc]
@@ -68,6 +70,9 @@ class SipCall(pj.Call):  # type: ignore[misc]
         self.reinvite_pending = False
         self.health: MediaHealth | None = None
         self.remote_uri = ""
+        self.ack_timed_out = False
+        self.remote_tag = ""  # the INVITE's From tag
+        self.dialog: DialogKey | None = None  # once our 2xx named our tag
         # Dialog probes (telephony.events.ProbeDialog) in flight: the OPTIONS request's CSeq
         # number -> (generation, attempt). Set while sendRequest runs, which reports the new
         # transaction (state CALLING) before it returns.
@@ -108,6 +113,16 @@ class SipCall(pj.Call):  # type: ignore[misc]
             # Reported as status 0, so that it cannot be taken for a peer's own 503.
             failed = prm.e.body.tsxState.type == pj.PJSIP_EVENT_TRANSPORT_ERROR
             self._on_probe_tsx(tsx, transport_failed=failed)
+            return
+        if (
+            not self.answered
+            and tsx.method == "INVITE"
+            and tsx.role == pj.PJSIP_ROLE_UAS
+            and 200 <= tsx.statusCode < 300
+        ):
+            # Our 2xx to the INVITE went out (lastTx is that response): the ACK is now due
+            # (telephony.half_open), and the dialog has both its tags (telephony.dialog_end).
+            self.owner.on_answer_sent(self, tsx.lastTx.wholeMsg)
             return
         # A re-INVITE we answered with an error leaves the old media in place (RFC 6141);
         # onCallMediaState then never comes, so the failure is reported from here.

@@ -27,7 +27,9 @@ import pjsua2 as pj
 from telephony import events as ev
 from telephony.admission import Admission
 from telephony.calls import SipAccount, SipCall, SipLibrary
+from telephony.dialog_end import DialogKey, DialogTerminator, Lingering
 from telephony.frame_copy import select_copier
+from telephony.half_open import HalfOpen
 from telephony.library import (
     EndpointConfig,
     LogWriter,
@@ -40,7 +42,7 @@ from telephony.media_health import MediaHealth
 from telephony.offer_check import check_offer
 from telephony.port_pool import PortPool
 from telephony.refusals import Refusals
-from telephony.sip_message import mask_uri, request_user, via_transport
+from telephony.sip_message import header_tag, mask_uri, request_user, via_transport
 from telephony.sip_wake import SipWaker
 from telephony.thread_state import ThreadStatePins
 
@@ -85,6 +87,9 @@ class SipEndpoint:
         # DISCONNECTED, and is dropped right then (see on_call_state for why).
         self._calls: dict[str, SipCall] = {}
         self._refusals = Refusals()
+        self._half_open = HalfOpen(config.ack_timeout_s)
+        self._lingering = Lingering()
+        self._terminator: DialogTerminator | None = None
         self._ports = PortPool(config.clock_rate, config.playout_max_ms, self.thread_states)
 
     # --- asyncio side -------------------------------------------------------------------------
@@ -152,6 +157,8 @@ class SipEndpoint:
             self._run_commands()
             now = time.monotonic()
             self._refusals.release_due(now)
+            self._end_half_open(now)
+            self._end_lingering(now)
             self._ports.recycle_due(now)
             if now >= next_health:
                 next_health = now + self.config.health_poll_s
@@ -162,7 +169,12 @@ class SipEndpoint:
         due = now + _IDLE_WAIT_MS / 1000
         if self._calls:
             due = min(due, next_health)
-        for other in (self._refusals.next_due(), self._ports.next_due()):
+        for other in (
+            self._refusals.next_due(),
+            self._ports.next_due(),
+            self._half_open.next_due(),
+            self._lingering.next_due(),
+        ):
             if other is not None:
                 due = min(due, other)
         return max(1, math.ceil((due - now) * 1000 - 1e-6))
@@ -194,6 +206,7 @@ class SipEndpoint:
             self._ports.start_c_ports()
         self._account = SipAccount(self)
         self._account.create(account_config(cfg), True)
+        self._terminator = DialogTerminator.load()
 
     def _destroy_library(self) -> None:
         ep = self._ep
@@ -251,12 +264,7 @@ class SipEndpoint:
             case ev.Hangup(call_id=call_id, status=status, reason=reason):
                 call = self._calls.get(call_id)
                 if call is not None and not call.local_hangup:
-                    call.local_hangup = True
-                    prm = pj.CallOpParam()
-                    prm.statusCode = status
-                    if reason:
-                        prm.reason = reason
-                    call.hangup(prm)
+                    self._hang_up(call, status, reason)
             case ev.ProbeDialog(call_id=call_id, generation=generation, attempt=attempt):
                 call = self._calls.get(call_id)
                 if call is None or not call.answered or call.local_hangup:
@@ -270,6 +278,7 @@ class SipEndpoint:
         whole = prm.rdata.wholeMsg
         info = call.getInfo()
         call.remote_uri = info.remoteUri
+        call.remote_tag = header_tag(whole, "From") or ""
         now = time.monotonic()
         bad = check_offer(whole)
         if bad is not None:
@@ -317,12 +326,61 @@ class SipEndpoint:
             )
         )
 
+    def on_answer_sent(self, call: SipCall, response: str) -> None:
+        if not call.accepted or call.call_id not in self._calls:
+            return
+        self._half_open.answered(call.call_id, time.monotonic())
+        local_tag = header_tag(response, "To")
+        if call.dialog is None and local_tag and call.remote_tag:
+            call.dialog = DialogKey(call.getInfo().callIdString, local_tag, call.remote_tag)
+
+    def _hang_up(self, call: SipCall, status: int, reason: str = "") -> None:
+        """Hang ``call`` up; a dialog whose BYE then goes unanswered is ended locally later."""
+        call.local_hangup = True
+        prm = pj.CallOpParam()
+        prm.statusCode = status
+        if reason:
+            prm.reason = reason
+        dialog = call.dialog
+        call.hangup(prm)
+        if dialog is not None:
+            self._lingering.ended(dialog, time.monotonic())
+
+    def _end_lingering(self, now: float) -> None:
+        if not self._lingering or self._terminator is None:
+            return
+        for key in self._lingering.due(now):
+            if self._terminator.terminate(key):
+                self.post(ev.DialogEndedLocally())
+
+    def _end_half_open(self, now: float) -> None:
+        """Calls whose ACK is overdue: hung up with a BYE, their slot freed."""
+        if not self._half_open:
+            return
+        for call_id in self._half_open.due(now):
+            call = self._calls.get(call_id)
+            if call is None or call.answered:
+                continue
+            call.ack_timed_out = True
+            self.post(ev.AckTimedOut(call_id, self._half_open.ack_timeout_s))
+            log.warning("call has no ACK: hanging up", extra={"call_id": call_id})
+            try:
+                # 408: PJSIP sends the BYE now instead of holding it for the ACK.
+                self._hang_up(call, 408, "ACK not received")
+            except pj.Error as exc:
+                # PJSIP's own Timer H (64*T1) still ends the call.
+                log.warning("hang-up of a half-open call failed", extra={"error": exc.reason})
+
     def on_call_state(self, call: SipCall) -> None:
         info = call.getInfo()
         if info.state == pj.PJSIP_INV_STATE_CONFIRMED and call.accepted and not call.answered:
             call.answered = True
+            self._half_open.done(call.call_id)
+            if call.ack_timed_out:
+                return  # the BYE is out: this ACK came too late to keep the call
             self.post(ev.CallAnswered(call.call_id))
         elif info.state == pj.PJSIP_INV_STATE_DISCONNECTED:
+            self._half_open.done(call.call_id)
             self._detach_media(call)
             # Drop the wrapper now, while PJSIP has not yet reused its call index: pjsua2's
             # ~Call() hangs up *whatever call holds its index* and clears that call's user data,
@@ -333,8 +391,12 @@ class SipEndpoint:
                     ev.CallEnded(
                         call_id=call.call_id,
                         by="server" if call.local_hangup else "caller",
-                        status=info.lastStatusCode,
-                        reason=info.lastReason,
+                        status=408 if call.ack_timed_out else info.lastStatusCode,
+                        reason=(
+                            f"no ACK for the 200 within {self._half_open.ack_timeout_s:g} s"
+                            if call.ack_timed_out
+                            else info.lastReason
+                        ),
                         answered=call.answered,
                     )
                 )

@@ -102,6 +102,20 @@ class DtmfReceived:
 
 
 @dataclass(frozen=True, slots=True)
+class AckTimedOut:
+    """Our 2xx got no ACK within ``after_s`` (telephony.half_open): the call is being ended and
+    its slot freed; a :class:`CallEnded` follows."""
+
+    call_id: str
+    after_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class DialogEndedLocally:
+    """A dialog we hung up whose BYE nobody answered was ended without it (dialog_end)."""
+
+
+@dataclass(frozen=True, slots=True)
 class CallEnded:
     """The dialog is gone. ``by`` is ``caller`` or ``server``; ``answered`` whether it ever was."""
 
@@ -142,6 +156,8 @@ SipEvent = (
     | ReinviteFinished
     | DtmfReceived
     | DialogProbed
+    | AckTimedOut
+    | DialogEndedLocally
     | CallEnded
 )
 

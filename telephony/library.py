@@ -45,6 +45,7 @@ class EndpointConfig:
     health_poll_s: float = 0.2
     resample_quality: int = 8
     media_port: str = "c"
+    ack_timeout_s: float = 8.0
 
 
 class LogWriter(pj.LogWriter):  # type: ignore[misc]

@@ -16,6 +16,7 @@ _VIA = re.compile(
     r"^(?:via|v)\s*:\s*SIP\s*/\s*2\.0\s*/\s*([A-Za-z]+)", re.IGNORECASE | re.MULTILINE
 )
 
+_TAG = re.compile(r";\s*tag\s*=\s*([^;,\s]+)", re.IGNORECASE)
 # RFC 3261 20.16: CSeq has no compact form.
 _CSEQ = re.compile(r"^cseq\s*:\s*(\d+)\s+([A-Za-z]+)", re.IGNORECASE | re.MULTILINE)
 
@@ -62,6 +63,21 @@ def _mask_digits(text: str, keep: int) -> str:
     digits = [i for i, ch in enumerate(text) if ch.isdigit()]
     hidden = set(digits[:-keep] if keep else digits)
     return "".join("*" if i in hidden else ch for i, ch in enumerate(text))
+
+
+def header_tag(whole_msg: str, name: str) -> str | None:
+    """The ``tag`` parameter of the ``From`` or ``To`` header (compact forms ``f``/``t`` too)."""
+    compact = {"from": "f", "to": "t"}[name.lower()]
+    head = whole_msg.split("\r\n\r\n", 1)[0]
+    for line in head.splitlines()[1:]:
+        field, sep, value = line.partition(":")
+        if not sep or field.strip().lower() not in (name.lower(), compact):
+            continue
+        # In name-addr form a ";tag" inside <...> belongs to the URI, not to the header.
+        params = value.rpartition(">")[2] if "<" in value else value
+        match = _TAG.search(params)
+        return match.group(1) if match else None
+    return None
 
 
 def cseq(whole_msg: str) -> tuple[int, str] | None:

@@ -75,6 +75,7 @@ def endpoint_config(settings: Settings) -> EndpointConfig:
         media_port=media.port,
         gap_threshold_s=media.gap_threshold_s,
         session_expires_s=sip.session_expires_s,
+        ack_timeout_s=sip.ack_timeout_s,
         playout_max_ms=round(settings.audio.playout_max_s * 1000),
         resample_quality=media.resample_quality,
     )
@@ -327,6 +328,12 @@ class Runtime:
                 )
             case ev.CallOffered():
                 self._start_call(event)
+            case ev.DialogEndedLocally():
+                self.metrics.dialogs_ended_locally.inc()
+                log.info("sip.dialog_ended_locally", extra={"why": "nobody answered its BYE"})
+            case ev.AckTimedOut(call_id=call_id, after_s=after_s):
+                self.metrics.calls_half_open.inc()
+                log.warning("call.no_ack", extra={"call_id": call_id, "after_s": after_s})
             case _:
                 call = self.calls.get(getattr(event, "call_id", ""))
                 if call is not None:

@@ -49,6 +49,16 @@ class Metrics:
             ["reason", "status"],
             registry=r,
         )
+        self.calls_half_open = Counter(
+            "voicegate_calls_half_open_total",
+            "Answered calls whose ACK never came within sip.ack_timeout_s: ended, slot freed",
+            registry=r,
+        )
+        self.dialogs_ended_locally = Counter(
+            "voicegate_dialogs_ended_locally_total",
+            "Dialogs we hung up whose BYE went unanswered, ended locally to free their slot",
+            registry=r,
+        )
         self.dtmf_digits = Counter(
             "voicegate_dtmf_digits_total", "DTMF digits received", ["method"], registry=r
         )
