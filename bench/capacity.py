@@ -285,6 +285,9 @@ class Pool:
             "VOICEGATE_LOG_LEVEL": "warning",
             # Per worker; the pool admits workers x this. The ramp measures the whole.
             "VOICEGATE_SIP_MAX_SETUP_RATE": "30",
+            # Every SIPp caller is one source (127.0.0.1), like a carrier trunk: no per-source
+            # limit at the front door, or the ramp would measure pike instead of the pool.
+            "VOICEGATE_POOL_SOURCE_MAX_RATE": "0",
             "VOICEGATE_SESSION_NO_INPUT_S": "0",
             "VOICEGATE_POOL_START_TIMEOUT_S": "120",
             "VOICEGATE_MEDIA_RESAMPLE_QUALITY": str(media.quality),

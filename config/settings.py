@@ -285,6 +285,15 @@ class PoolSettings:
         default="kamailio",
         metadata=key(header_text(), "Kamailio executable, a command name or a path"),
     )
+    source_max_rate: float = field(
+        default=30.0,
+        metadata=key(
+            float_range(0, 10000),
+            "New requests (INVITE, OPTIONS, ...) per second the front door takes from one source "
+            "address; a source above it is answered 503 with Retry-After until it slows down "
+            "(Kamailio pike). 0 turns the limit off; raise it for a carrier trunk's address",
+        ),
+    )
     probe_interval_s: int = field(
         default=2,
         metadata=key(

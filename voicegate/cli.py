@@ -135,7 +135,11 @@ def write_front_door_config(
                 return EXIT_CONFIG
             workers.append((name, uri))
     door = front_door_for(
-        settings.sip.address, settings.sip.port, run_dir, settings.pool.probe_interval_s
+        settings.sip.address,
+        settings.sip.port,
+        run_dir,
+        settings.pool.probe_interval_s,
+        settings.pool.source_max_rate,
     )
     door = dataclasses.replace(door, dispatcher_list=list_file)
     out.mkdir(parents=True, exist_ok=True)

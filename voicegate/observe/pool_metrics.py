@@ -14,7 +14,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollecto
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from voicegate.pool.kamailio_config import STAT_BAD_OFFER, STAT_FAILOVERS, STAT_NO_WORKER
+from voicegate.pool.kamailio_config import (
+    STAT_BAD_OFFER,
+    STAT_FAILOVERS,
+    STAT_MALFORMED,
+    STAT_NO_WORKER,
+    STAT_SOURCE_RATE,
+)
 
 
 class PoolMetrics:
@@ -93,3 +99,12 @@ class _FrontDoorCollector(Collector):
         )
         bad_offers.add_metric([], self._metrics.front_door_total(STAT_BAD_OFFER))
         yield bad_offers
+        dropped = CounterMetricFamily(
+            "voicegate_front_door_dropped",
+            "Requests the front door refused itself, by reason: source_rate (one source above "
+            "pool.source_max_rate, 503), malformed (failed Kamailio's sanity checks)",
+            labels=["reason"],
+        )
+        dropped.add_metric(["source_rate"], self._metrics.front_door_total(STAT_SOURCE_RATE))
+        dropped.add_metric(["malformed"], self._metrics.front_door_total(STAT_MALFORMED))
+        yield dropped

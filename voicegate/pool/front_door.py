@@ -21,7 +21,9 @@ from voicegate.pool.kamailio_config import (
     DISPATCHER_SET,
     STAT_BAD_OFFER,
     STAT_FAILOVERS,
+    STAT_MALFORMED,
     STAT_NO_WORKER,
+    STAT_SOURCE_RATE,
     FrontDoor,
     render_config,
     render_dispatcher_list,
@@ -162,7 +164,7 @@ class Kamailio:
     async def counters(self) -> dict[str, int]:
         out = await self._rpc("stats.get_statistics", "script:")
         found = {name: int(value) for name, value in _STAT_LINE.findall(out or "")}
-        names = (STAT_FAILOVERS, STAT_NO_WORKER, STAT_BAD_OFFER)
+        names = (STAT_FAILOVERS, STAT_NO_WORKER, STAT_BAD_OFFER, STAT_SOURCE_RATE, STAT_MALFORMED)
         return {name: found[name] for name in names if name in found}
 
     async def stop(self) -> None:
@@ -178,7 +180,9 @@ class Kamailio:
         log.info("front_door.stopped", extra={"status": proc.returncode})
 
 
-def front_door_for(address: str, port: int, run_dir: Path, probe_interval_s: int) -> FrontDoor:
+def front_door_for(
+    address: str, port: int, run_dir: Path, probe_interval_s: int, source_max_rate: float
+) -> FrontDoor:
     return FrontDoor(
         address=address,
         port=port,
@@ -186,6 +190,7 @@ def front_door_for(address: str, port: int, run_dir: Path, probe_interval_s: int
         dispatcher_list=run_dir / "dispatcher.list",
         runtime_dir=run_dir,
         probe_interval_s=probe_interval_s,
+        source_max_rate=source_max_rate,
     )
 
 

@@ -146,6 +146,7 @@ class Supervisor:
                 self.settings.sip.port,
                 self.run_dir,
                 self.pool.probe_interval_s,
+                self.pool.source_max_rate,
             )
             if not unix_socket_path_ok(door.ctl_socket):
                 raise SupervisorStartError(
