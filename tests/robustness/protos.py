@@ -86,12 +86,15 @@ def _fill(pdu: bytes, values: dict[bytes, bytes]) -> bytes:
 class Replayer:
     """Replays cases from one UDP socket on loopback to ``host:port``."""
 
-    def __init__(self, host: str, port: int, *, wait_s: float = 2.0) -> None:
+    def __init__(self, host: str, port: int, *, wait_s: float = 2.0, ack: bool = True) -> None:
         self.target = (host, port)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.sock.bind((host, 0))
         self.local_port = self.sock.getsockname()[1]
         self.wait_s = wait_s
+        # False: answered cases are left half-open (never ACKed), as a careless or hostile
+        # caller leaves them; the server must free their slots itself (telephony/half_open.py).
+        self.ack = ack
 
     def close(self) -> None:
         self.sock.close()
@@ -115,7 +118,8 @@ class Replayer:
         self.sock.sendto(invite, self.target)
         final, to_header = self._final_response(call_id)
         if final is not None and 200 <= final < 300 and to_header is not None:
-            self._ack_and_bye(invite, to_header)
+            if self.ack:
+                self._ack_and_bye(invite, to_header)
             return Outcome(case.number, case.group, final, True)
         if final is None:
             # Still ringing (or silent): the case's own CANCEL, same branch as the INVITE.
