@@ -1,4 +1,5 @@
-"""Offers PJSIP would abort on, refused before it sees them (issue: garbage in never crashes).
+"""INVITEs refused before anything is answered: offers PJSIP would abort on, and malformed requests
+its parser lets through (issue: garbage in never crashes, and never becomes a session).
 
 The registry's pjsua2 wheel is built with its assertions live: an SDP whose connection address is
 254 characters or longer reaches ``pj_sockaddr_in_set_str_addr`` when the call is answered and
@@ -6,10 +7,15 @@ aborts the whole worker (``Assertion '!str_addr || str_addr->slen < (254)'``, PR
 ``sdp-connection-ip``). An INVITE is checked in ``onIncomingCall``, before anything is answered;
 what PJSIP cannot take is refused with 488 (RFC 3261 section 21.4.26: the session description is
 not acceptable), counted by reason, and never becomes a session.
+
+PJSIP's parser is also liberal where RFC 4475 says a request must be refused, and would answer
+(and open a session for) an INVITE with a doubled Call-ID or a Request-Line with extra spaces.
+Those are refused here with the status the RFC names, before PJSIP answers them.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 # PJ_MAX_HOSTNAME: pjlib asserts that a host string it converts is shorter than this.
@@ -22,11 +28,38 @@ class BadOffer:
     reason: str  # a metric label: short and fixed
 
 
+# RFC 3261 section 7.3.1: only headers defined as comma-separated lists may appear more than
+# once; these are single-valued (compact forms mapped, section 7.3.3).
+SINGLE_VALUED = {
+    "call-id": "call-id",
+    "i": "call-id",
+    "cseq": "cseq",
+    "from": "from",
+    "f": "from",
+    "to": "to",
+    "t": "to",
+    "max-forwards": "max-forwards",
+    "content-length": "content-length",
+    "l": "content-length",
+    "content-type": "content-type",
+    "c": "content-type",
+}
+# RFC 3261 section 25.1: Request-Line = Method SP Request-URI SP SIP-Version CRLF, one SP each.
+_REQUEST_LINE = re.compile(r"[!-~]+ [!-~]+ SIP/2\.0")
+_SDP_ACCEPTED = {"application/sdp", "application/*", "*/*"}
+
+
 def check_offer(whole_msg: str) -> BadOffer | None:
-    """None if PJSIP can take this INVITE's offer, else how to refuse it."""
-    _, sep, body = whole_msg.partition("\r\n\r\n")
+    """None if PJSIP can take this INVITE, else how to refuse it (status and a metric reason).
+
+    ``whole_msg`` is the request as received (pjsua2's ``rdata.wholeMsg``), bare LF line ends
+    tolerated."""
+    head, sep, body = whole_msg.partition("\r\n\r\n")
     if not sep:
-        _, sep, body = whole_msg.partition("\n\n")
+        head, sep, body = whole_msg.partition("\n\n")
+    bad = _check_request(head.splitlines(), body)
+    if bad is not None:
+        return bad
     if not body.strip():
         return None  # no offer: PJSIP sends one in the 200 and reads the answer in the ACK
     for raw in body.splitlines():
@@ -45,4 +78,38 @@ def check_offer(whole_msg: str) -> BadOffer | None:
             fields = value.split()
             if len(fields) >= 4 and len(fields[-1]) >= MAX_ADDRESS:
                 return BadOffer(488, "sdp_address_too_long")
+    return None
+
+
+def _check_request(lines: list[str], body: str) -> BadOffer | None:
+    """The RFC 4475 refusals PJSIP's parser does not make for an INVITE."""
+    if not lines or _REQUEST_LINE.fullmatch(lines[0]) is None:
+        return BadOffer(400, "bad_request_line")  # RFC 4475 section 3.1.2.9 (lwsstart)
+    seen: dict[str, str] = {}
+    for line in lines[1:]:
+        if line[:1] in (" ", "\t"):
+            continue  # a folded continuation of the previous header
+        name, colon, value = line.partition(":")
+        if not colon:
+            continue
+        canonical = SINGLE_VALUED.get(name.strip().lower())
+        if canonical is None:
+            continue
+        if canonical in seen:
+            return BadOffer(400, "duplicate_header")  # RFC 4475 section 3.3.8 (multi01)
+        seen[canonical] = value.strip()
+    length = seen.get("content-length", "")
+    if length.isdigit() and int(length) > len(body.encode("utf-8", "surrogateescape")):
+        # RFC 3261 section 18.3: a datagram that ends before its body is an error; for a request
+        # the element SHOULD answer 400 (RFC 4475 section 3.1.2.2, clerr). Over a stream PJSIP
+        # waits for the rest and never hands the request up.
+        return BadOffer(400, "content_length_mismatch")
+    for line in lines[1:]:
+        name, colon, value = line.partition(":")
+        if colon and name.strip().lower() == "accept":
+            kinds = {v.split(";")[0].strip().lower() for v in value.split(",")}
+            if kinds and not kinds & _SDP_ACCEPTED:
+                # RFC 3261 section 21.4.7: the answer would be SDP, which the caller's Accept
+                # excludes (RFC 4475 section 3.3.15, sdp01).
+                return BadOffer(406, "sdp_not_acceptable")
     return None

@@ -31,3 +31,26 @@ def test_an_address_pjsip_asserts_on_is_refused_488() -> None:
     # Media-level connection lines too, and bare LF line ends.
     media_level = _sdp() + f"c=IN IP4 {'1' * 260}\r\n"
     assert check_offer((HEAD + media_level).replace("\r\n", "\n")) == refused
+
+
+def test_malformed_invites_pjsip_would_answer_are_refused_as_rfc_4475_says() -> None:
+    sdp = _sdp()
+    # lwsstart (3.1.2.9): more than one SP between Request-Line elements.
+    spaced = HEAD.replace("INVITE sip:", "INVITE  sip:", 1) + sdp
+    assert check_offer(spaced) == BadOffer(400, "bad_request_line")
+    # multi01 (3.3.8): a single-valued header twice, in long or compact form.
+    doubled = HEAD.replace("Call-ID: x\r\n", "Call-ID: x\r\ni: y\r\n") + sdp
+    assert check_offer(doubled) == BadOffer(400, "duplicate_header")
+    # clerr (3.1.2.2): a datagram shorter than its Content-Length.
+    short = HEAD.replace("\r\n\r\n", f"\r\nContent-Length: {len(sdp) + 100}\r\n\r\n") + sdp
+    assert check_offer(short) == BadOffer(400, "content_length_mismatch")
+    exact = HEAD.replace("\r\n\r\n", f"\r\nContent-Length: {len(sdp)}\r\n\r\n") + sdp
+    assert check_offer(exact) is None
+    # sdp01 (3.3.15): an Accept that excludes the SDP answer.
+    picky = HEAD.replace("\r\n\r\n", "\r\nAccept: text/nobodyKnowsThis\r\n\r\n") + sdp
+    assert check_offer(picky) == BadOffer(406, "sdp_not_acceptable")
+    usual = HEAD.replace("\r\n\r\n", "\r\nAccept: application/sdp, application/dtmf\r\n\r\n")
+    assert check_offer(usual + sdp) is None
+    # A folded header line is a continuation, not a second header.
+    folded = HEAD.replace("Call-ID: x\r\n", "Call-ID: x\r\n y\r\n") + sdp
+    assert check_offer(folded) is None
