@@ -45,7 +45,8 @@ SINGLE_VALUED = {
     "c": "content-type",
 }
 # RFC 3261 section 25.1: Request-Line = Method SP Request-URI SP SIP-Version CRLF, one SP each.
-_REQUEST_LINE = re.compile(r"[!-~]+ [!-~]+ SIP/2\.0")
+# The version is case-insensitive (RFC 3261 section 7.1).
+_REQUEST_LINE = re.compile(r"[!-~]+ [!-~]+ SIP/2\.0", re.IGNORECASE)
 _SDP_ACCEPTED = {"application/sdp", "application/*", "*/*"}
 
 
