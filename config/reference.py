@@ -1,4 +1,4 @@
-"""The settings reference for the README, generated from the schema so it cannot drift."""
+"""The settings reference for docs/configuration.md, made from the schema so it cannot drift."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 With pjsua2's ``AudioMediaPort`` every media tick runs Python on PJSIP's clock thread, and on
 this machine that costs about a percent of a core per worker however little the callbacks do
-(README, "Benchmarks"). The C port's callbacks only copy frames into and out of two rings; asyncio
+(docs/benchmarks.md). The C port's callbacks only copy frames into and out of two rings; asyncio
 moves frames in batches once per ``audio.tick_ms``:
 
 * :class:`CMediaPort` is the SIP thread's half: it registers the port with the conference bridge

@@ -7,7 +7,7 @@ builds a new one, and CPython 3.11 maps a fresh frame stack for every new state 
 delete. That is an ``mmap``, a page fault and a ``munmap`` (with a TLB shoot-down across CPUs)
 per callback, two callbacks per call every 20 ms: measured here with 4 calls, 400 ``mmap`` and
 400 ``munmap`` calls a second on the clock thread and about 85 us per callback instead of 16
-(measured with strace and perf on a worker; README, "Benchmarks").
+(measured with strace and perf on a worker; docs/benchmarks.md).
 
 :meth:`ThreadStatePins.pin` takes one extra ``PyGILState_Ensure`` on the calling thread and never
 releases it, so SWIG's release no longer drops the state. PJSIP stops the clock thread when it
