@@ -12,6 +12,8 @@ from typing import Any
 
 import pjsua2 as pj
 
+from telephony.sip_message import mask_text
+
 log = logging.getLogger("voicegate.sip")
 
 CODEC_IDS = {"PCMU": "PCMU/8000/1", "PCMA": "PCMA/8000/1", "G722": "G722/16000/1"}
@@ -55,7 +57,8 @@ class LogWriter(pj.LogWriter):  # type: ignore[misc]
 
     def write(self, entry: Any) -> None:
         level = self._LEVELS[min(entry.level, len(self._LEVELS) - 1)]
-        logging.getLogger("pjsip").log(level, entry.msg.rstrip())
+        # From level 4 PJSIP quotes whole SIP messages, callers' numbers included (STYLE.md 10).
+        logging.getLogger("pjsip").log(level, mask_text(entry.msg.rstrip()))
 
 
 def start_library(ep: Any, cfg: EndpointConfig, writer: LogWriter) -> None:

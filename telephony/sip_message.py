@@ -59,6 +59,17 @@ def mask_uri(uri: str, keep: int = 3) -> str:
     return _mask_digits(display, keep) + bracket + address
 
 
+_ANY_USER = re.compile(r"((?:sips?|tel):)([^@;>\s]*)")
+_DISPLAY = re.compile(r'"([^"]*)"\s*<')
+
+
+def mask_text(text: str, keep: int = 3) -> str:
+    """``text`` with every SIP/tel URI's user part and every quoted display name masked as
+    :func:`mask_uri` does: for text that may quote whole SIP messages (PJSIP's own log lines)."""
+    text = _ANY_USER.sub(lambda m: m.group(1) + _mask_digits(m.group(2), keep), text)
+    return _DISPLAY.sub(lambda m: '"' + _mask_digits(m.group(1), keep) + '" <', text)
+
+
 def _mask_digits(text: str, keep: int) -> str:
     digits = [i for i, ch in enumerate(text) if ch.isdigit()]
     hidden = set(digits[:-keep] if keep else digits)

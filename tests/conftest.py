@@ -1,4 +1,5 @@
-"""Suite-wide rules: no test may block its event loop.
+"""Suite-wide rules: no test may block its event loop, and nothing voicegate wrote during the
+run may hold a secret (the audit of tests/secret_audit.py, checked when the session ends).
 
 voicegate runs every call of a process on one event loop, so a 50 ms stall there is 50 ms of late
 audio decisions for all of them. Every coroutine test is watched: a callback (a task step, a
@@ -15,12 +16,21 @@ from __future__ import annotations
 import asyncio
 import gc
 import inspect
+import logging
 import resource
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
+from tests.secret_audit import (
+    AUDIT,
+    PRODUCT_LOGGERS,
+    Finding,
+    RecordingHandler,
+    register_scenarios,
+)
 
 BLOCKED_S = 0.05
 
@@ -83,3 +93,52 @@ def loop_never_blocked(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         f"the event loop was blocked for more than {BLOCKED_S * 1000:g} ms: "
         + "; ".join(watch.seen)
     )
+
+
+# --- the secret audit (tests/secret_audit.py) -----------------------------------------------------
+
+_audit_handler: RecordingHandler | None = None
+_audit_findings: list[Finding] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _audit_handler
+    register_scenarios(AUDIT)
+    _audit_handler = RecordingHandler(AUDIT)
+    for name in PRODUCT_LOGGERS:
+        logger = logging.getLogger(name)
+        logger.addHandler(_audit_handler)
+        # Debug records too: a digit logged "only at debug" is still written by whoever runs
+        # at debug (the integration servers do). Loggers a test set explicitly keep their level.
+        if logger.level == logging.NOTSET:
+            logger.setLevel(logging.DEBUG)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if _audit_handler is not None:
+        _audit_handler.test = item.nodeid
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the run if anything the tests made voicegate write holds a secret (issue 17)."""
+    if _audit_handler is not None:
+        for name in PRODUCT_LOGGERS:
+            logging.getLogger(name).removeHandler(_audit_handler)
+    _audit_findings[:] = AUDIT.scan()
+    if _audit_findings:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    audited = len(AUDIT.files) + len(AUDIT.texts) + len(AUDIT.latest)
+    if not _audit_findings:
+        terminalreporter.write_line(
+            f"secret audit: {audited} outputs clean of {len(AUDIT.secrets)} registered secrets"
+        )
+        return
+    terminalreporter.section("secret audit: LEAKS FOUND", sep="=", red=True, bold=True)
+    shown = _audit_findings[:50]
+    for finding in shown:
+        terminalreporter.write_line(str(finding), red=True)
+    if len(_audit_findings) > len(shown):
+        terminalreporter.write_line(f"... and {len(_audit_findings) - len(shown)} more")

@@ -231,7 +231,7 @@ class Runtime:
     async def start(self) -> None:
         """Settle and finalise what a dead predecessor left open, then start taking calls."""
         self._http = self._http_session()
-        self.tool_client = ToolClient(self._http)
+        self.tool_client = ToolClient(self._http, self.metrics)
         settled = await settle_predecessors(
             self.store,
             self.tool_client,

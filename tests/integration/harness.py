@@ -22,6 +22,8 @@ from typing import Any, TypeVar
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.secret_audit import AUDIT
+
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = ROOT / "sipp-scenarios"
 LOOPBACK = "127.0.0.1"
@@ -151,6 +153,9 @@ class Server:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         n = len(list(self.data_dir.glob("server-*.log")))
         self.log_path = self.data_dir / f"server-{n}.log"
+        # The secret audit reads every server's log at the end of the run (tests/conftest.py).
+        AUDIT.keep_file(self.log_path, "voicegate serve log")
+        AUDIT.register_env(self.env_overrides, f"the environment of {self.log_path}")
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "voicegate", "serve"],
@@ -195,7 +200,14 @@ class Server:
             body, status, ctype = exc.read(), exc.code, exc.headers.get("Content-Type", "")
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             return 0, None
-        return status, json.loads(body) if "json" in ctype else body.decode()
+        text = body.decode(errors="replace")
+        if path.startswith("/metrics"):
+            AUDIT.record_latest(f"GET {path} of {self.log_path}", text)
+        elif status >= 400:
+            AUDIT.record(f"GET {path} -> {status} ({self.log_path})", text)
+        decoded = json.loads(body) if "json" in ctype else body.decode()
+        AUDIT.learn(decoded, f"GET {path}")
+        return status, decoded
 
     def post(self, path: str) -> int:
         request = urllib.request.Request(
@@ -205,6 +217,7 @@ class Server:
             with urllib.request.urlopen(request, timeout=5) as response:
                 return int(response.status)
         except urllib.error.HTTPError as exc:
+            AUDIT.record(f"POST {path} -> {exc.code} ({self.log_path})", exc.read().decode())
             return int(exc.code)
 
     def live_calls(self) -> list[dict[str, Any]]:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.integration.harness import ROOT, Sipp, free_port, rtp_range, wait_for
+from tests.secret_audit import AUDIT
 
 
 def _probe_run(
@@ -23,6 +24,8 @@ def _probe_run(
     port = free_port()
     rtp_min, rtp_max = rtp_range()
     out_path, err_path = tmp_path / "probe.out", tmp_path / "probe.err"
+    AUDIT.keep_file(out_path, "dialog probe events")
+    AUDIT.keep_file(err_path, "dialog probe log")
     with out_path.open("w") as out, err_path.open("w") as err:
         server = subprocess.Popen(
             [sys.executable, "-m", "tests.integration.probes.dialog_probe", str(port),

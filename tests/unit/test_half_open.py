@@ -1,5 +1,5 @@
 """telephony.half_open and dialog_end's schedule: calls overdue for their ACK, dialogs overdue
-for their end (sans-IO); and the tags that name a dialog."""
+for their end (sans-IO)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from hypothesis import strategies as st
 
 from telephony.dialog_end import DialogKey, Lingering
 from telephony.half_open import HalfOpen
-from telephony.sip_message import header_tag
 
 
 def test_an_unacked_call_is_due_once_at_its_timeout() -> None:
@@ -73,18 +72,3 @@ def test_an_ended_dialog_is_looked_at_again_once_after_the_bye_had_its_chance() 
     assert lingering.due(13.9) == []
     assert lingering.due(14.0) == [key]
     assert lingering.due(100.0) == [] and len(lingering) == 0
-
-
-@pytest.mark.parametrize(
-    ("message", "name", "tag"),
-    [
-        ("INVITE sip:a@b SIP/2.0\r\nFrom: <sip:x@y>;tag=abc\r\n\r\n", "From", "abc"),
-        ("SIP/2.0 200 OK\r\nt: <sip:x@y> ; TAG = z9 ;other\r\n\r\n", "To", "z9"),
-        ("SIP/2.0 200 OK\r\nTo: sip:x@y;tag=plain\r\n\r\n", "To", "plain"),
-        # A tag inside <...> is a URI parameter, not the header's tag.
-        ("SIP/2.0 200 OK\r\nTo: <sip:x@y;tag=uri>\r\n\r\n", "To", None),
-        ("SIP/2.0 200 OK\r\nFrom: <sip:x@y>;tag=f\r\n\r\nTo: <a>;tag=body\r\n", "To", None),
-    ],
-)
-def test_header_tag(message: str, name: str, tag: str | None) -> None:
-    assert header_tag(message, name) == tag

@@ -11,7 +11,11 @@ pytest_plugins = ["pytester"]
 CONFTEST = (Path(__file__).parents[1] / "conftest.py").read_text()
 
 
-def test_a_callback_holding_the_loop_fails_its_test(pytester: pytest.Pytester) -> None:
+def test_a_callback_holding_the_loop_fails_its_test(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The copied conftest also runs the secret audit, which it imports from this repository.
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parents[2]))
     pytester.makeconftest(CONFTEST)
     pytester.makeini("[pytest]\nasyncio_mode = auto\n")
     pytester.makepyfile(

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
-from telephony.sip_message import cseq, mask_uri, request_user, via_transport
+import pytest
+
+from telephony.sip_message import cseq, header_tag, mask_text, mask_uri, request_user, via_transport
 
 INVITE = (
     "INVITE sip:+4930123456@voicegate.example:5060;transport=tcp SIP/2.0\r\n"
@@ -52,3 +54,29 @@ def test_cseq_of_a_request_and_of_a_response() -> None:
     assert cseq("SIP/2.0 481 Call/Transaction Does Not Exist\r\ncseq:7 bye\r\n\r\n") == (7, "BYE")
     assert cseq("OPTIONS sip:a@b SIP/2.0\r\n\r\n") is None
     assert cseq("") is None
+
+
+@pytest.mark.parametrize(
+    ("message", "name", "tag"),
+    [
+        ("INVITE sip:a@b SIP/2.0\r\nFrom: <sip:x@y>;tag=abc\r\n\r\n", "From", "abc"),
+        ("SIP/2.0 200 OK\r\nt: <sip:x@y> ; TAG = z9 ;other\r\n\r\n", "To", "z9"),
+        ("SIP/2.0 200 OK\r\nTo: sip:x@y;tag=plain\r\n\r\n", "To", "plain"),
+        # A tag inside <...> is a URI parameter, not the header's tag.
+        ("SIP/2.0 200 OK\r\nTo: <sip:x@y;tag=uri>\r\n\r\n", "To", None),
+        ("SIP/2.0 200 OK\r\nFrom: <sip:x@y>;tag=f\r\n\r\nTo: <a>;tag=body\r\n", "To", None),
+    ],
+)
+def test_header_tag(message: str, name: str, tag: str | None) -> None:
+    assert header_tag(message, name) == tag
+
+
+def test_pjsip_log_text_has_callers_masked() -> None:
+    line = (
+        'From: "+15551230199" <sip:+15551230199@10.0.0.1:5060>;tag=1\r\n'
+        "Contact: <sip:5551230199@10.0.0.1>\r\nP-Asserted-Identity: <tel:+15551230199>"
+    )
+    masked = mask_text(line)
+    assert "5551230" not in masked
+    assert masked.count("199") == 4  # the last three digits stay, as mask_uri keeps them
+    assert "10.0.0.1:5060" in masked  # hosts and ports are left alone

@@ -181,6 +181,13 @@ class Metrics:
             ["tool", "outcome"],
             registry=r,
         )
+        self.tool_bad_answers = Counter(
+            "voicegate_tool_bad_answers_total",
+            "Provider answers outside the tool contract (each settled as unknown, never as"
+            " committed), by tool and reason (voicegate.tools.client.BadAnswer)",
+            ["tool", "reason"],
+            registry=r,
+        )
         self.tool_duplicates_prevented = Counter(
             "voicegate_tool_duplicates_prevented_total",
             "Repeated asks for an intent already made, answered with the original outcome",
