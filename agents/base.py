@@ -48,6 +48,66 @@ class ToolResult:
     duplicate: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class MarkOutcome:
+    """How a mark ended: ``played`` (the frame carrying the end of the audio before it left the
+    media bridge: the caller heard up to it) or ``cleared`` (its response was cut, or had ended,
+    first). Every mark gets exactly one outcome."""
+
+    response_id: str
+    mark_id: str
+    outcome: str
+
+
+class Response(Protocol):
+    """One response of the agent: a handle to write its audio and marks to.
+
+    A response is alive from :meth:`CallControl.respond` until it is done, cut (the caller barged
+    in, the call lost media, :meth:`cancel`), superseded (the agent opened another) or the call
+    ends. Audio written to a response that is no longer alive is dropped at admission and counted
+    (``voicegate_dead_response_frames_dropped_total{reason}``), never played: a task still
+    streaming after a barge-in cannot reach the caller.
+    """
+
+    @property
+    def id(self) -> str:
+        """The response's id, as the session log and the API name it."""
+        ...
+
+    @property
+    def alive(self) -> bool:
+        """Whether audio written now may still be played."""
+        ...
+
+    @property
+    def ended(self) -> str | None:
+        """None while alive, else why not: ``done``, ``interrupted``, ``canceled``,
+        ``superseded``, ``ended`` (the call is over) or ``refused`` (the session opened none)."""
+        ...
+
+    def play(self, samples: NDArray[np.int16]) -> bool:
+        """Queue audio at the call's rate behind what this response has queued; False when the
+        response is no longer alive (the audio is dropped)."""
+        ...
+
+    def play_prompt(self, name: str) -> bool:
+        """Queue a named prompt of the agent's prompt library, resampled to the call's rate."""
+        ...
+
+    def mark(self, mark_id: str) -> bool:
+        """Place a mark after the audio queued so far; :meth:`Agent.on_mark` reports its outcome.
+        On a response no longer alive the mark is reported ``cleared`` at once, and False is
+        returned."""
+        ...
+
+    def done(self) -> None:
+        """No more audio: what is queued plays out, then the response has ended."""
+
+    def cancel(self) -> None:
+        """Cut this response now: nothing more of it reaches the caller, and the session records
+        how many milliseconds were heard."""
+
+
 class CallControl(Protocol):
     """What an agent may ask of its call."""
 
@@ -56,20 +116,11 @@ class CallControl(Protocol):
         """The call's audio rate in Hz (8000 for G.711, 16000 for G.722)."""
         ...
 
-    def play(self, samples: NDArray[np.int16]) -> None:
-        """Queue audio at :attr:`rate` behind what is already queued."""
-
-    def play_prompt(self, name: str) -> None:
-        """Queue a named prompt of the agent's prompt library, resampled to the call's rate."""
-
-    def stop_playback(self) -> None:
-        """Cut the response being played: nothing more of it reaches the caller, and the
-        session records how many milliseconds were heard."""
-
-    def mark(self, mark_id: str) -> bool:
-        """Place a mark after the audio queued so far; :meth:`Agent.on_mark` is called when the
-        caller has heard it (the frame carrying its end left the media bridge). False when no
-        response is open."""
+    def respond(self) -> Response:
+        """Open a new response, in the current playback generation. A response still open is
+        superseded: what it has queued plays out, and it takes no more audio. If the session
+        cannot open one now (side effects frozen, the call ending), the handle returned is
+        already dead (``ended == "refused"``)."""
         ...
 
     def hangup(self, reason: str, *, after_playout: bool = True) -> None:
@@ -112,7 +163,7 @@ class Agent:
         """The session recovered; continue with a short line, not by replaying the response."""
 
     async def on_response_interrupted(self, heard_ms: int) -> None:
-        """Your response was cut (the caller barged in, or :meth:`CallControl.stop_playback`):
+        """Your response was cut (the caller barged in, or :meth:`Response.cancel`):
         the caller heard its first ``heard_ms`` milliseconds; truncate what you remember of it
         to that."""
 
@@ -126,8 +177,8 @@ class Agent:
     async def on_speech_turn(self, duration_ms: int) -> None:
         """The caller spoke for ``duration_ms`` and stopped: a committed caller turn."""
 
-    async def on_mark(self, mark_id: str) -> None:
-        """The caller has heard the audio up to this mark."""
+    async def on_mark(self, mark: MarkOutcome) -> None:
+        """A mark has its outcome: played (the caller heard up to it) or cleared."""
 
     async def on_tool_result(self, result: ToolResult) -> None:
         """A tool request finished, was refused, or was a duplicate."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import enum
 import logging
 
-from agents.base import Agent, ToolResult
+from agents.base import Agent, Response, ToolResult
 
 log = logging.getLogger("voicegate.agent.demo")
 
@@ -48,17 +48,26 @@ class _Mode(enum.Enum):
 
 class DemoAgent(Agent):
     mode = _Mode.MENU
+    _response: Response | None = None
+
+    def _say(self, *prompts: str) -> None:
+        """Say ``prompts`` as one response, after what is still playing (which it supersedes)."""
+        response = self._response = self.call.respond()
+        for prompt in prompts:
+            response.play_prompt(prompt)
+        response.done()
 
     async def on_start(self) -> None:
         self._digits: list[str] = []
         self._amount = ""
-        self.call.play_prompt("greeting")
-        self.call.play_prompt("menu")
+        self._say("greeting", "menu")
 
     async def on_dtmf(self, digit: str) -> None:
         if self.mode in (_Mode.ENDING, _Mode.PAYING):
             return
-        self.call.stop_playback()
+        # A key answers the prompt: whatever is still playing of it is cut.
+        if self._response is not None:
+            self._response.cancel()
         match self.mode:
             case _Mode.COLLECTING:
                 self._collect(digit)
@@ -74,23 +83,23 @@ class DemoAgent(Agent):
             case "1":
                 self.mode = _Mode.COLLECTING
                 self._digits = []
-                self.call.play_prompt("enter_digits")
+                self._say("enter_digits")
             case "2":
                 self.mode = _Mode.AMOUNT
                 self._amount = ""
-                self.call.play_prompt("enter_amount")
+                self._say("enter_amount")
             case "3":
-                self.call.play_prompt("not_available")
+                self._say("not_available")
             case "9":
                 self.mode = _Mode.ENDING
-                self.call.play_prompt("goodbye")
+                self._say("goodbye")
                 self.call.hangup("caller chose to end the call", after_playout=True)
             case _:
-                self.call.play_prompt("menu")
+                self._say("menu")
 
-    def _say_digits(self, digits: str) -> None:
-        for pressed in digits:
-            self.call.play_prompt(_DIGIT_PROMPTS[pressed])
+    @staticmethod
+    def _digit_prompts(digits: str) -> list[str]:
+        return [_DIGIT_PROMPTS[pressed] for pressed in digits]
 
     def _collect(self, digit: str) -> None:
         if digit != "#":
@@ -102,10 +111,9 @@ class DemoAgent(Agent):
             "demo.readback", extra={"call_id": self.context.call_id, "count": len(self._digits)}
         )
         if not self._digits:
-            self.call.play_prompt("no_digits")
+            self._say("no_digits")
             return
-        self.call.play_prompt("you_entered")
-        self._say_digits("".join(self._digits))
+        self._say("you_entered", *self._digit_prompts("".join(self._digits)))
         self._digits = []
 
     def _collect_amount(self, digit: str) -> None:
@@ -115,13 +123,11 @@ class DemoAgent(Agent):
             amount = self._amount.lstrip("0")
             if not amount:
                 self.mode = _Mode.MENU
-                self.call.play_prompt("no_digits")
+                self._say("no_digits")
                 return
             self._amount = amount
             self.mode = _Mode.CONFIRM
-            self.call.play_prompt("you_entered")
-            self._say_digits(amount)
-            self.call.play_prompt("confirm_payment")
+            self._say("you_entered", *self._digit_prompts(amount), "confirm_payment")
         elif digit.isdigit() and len(self._amount) < MAX_AMOUNT_DIGITS:
             self._amount += digit
 
@@ -129,7 +135,7 @@ class DemoAgent(Agent):
         if digit == "1":
             # Called from the caller's key press: that is the approval a dtmf-approved tool needs.
             self.mode = _Mode.PAYING
-            self.call.play_prompt("payment_processing")
+            self._say("payment_processing")
             self.call.request_tool(
                 PAYMENT_TOOL,
                 {
@@ -141,27 +147,25 @@ class DemoAgent(Agent):
         elif digit == "*":
             self._cancel_payment()
         else:
-            self.call.play_prompt("confirm_payment")
+            self._say("confirm_payment")
 
     def _cancel_payment(self) -> None:
         self.mode = _Mode.MENU
         self._amount = ""
-        self.call.play_prompt("payment_canceled")
+        self._say("payment_canceled")
 
     async def on_resumed(self, interruptions: str) -> None:
         # Recovered from a gap: say so briefly, then carry on where the caller was; never replay
         # the cut prompt from its start.
         if self.mode is _Mode.PAYING:
             return  # the payment's own outcome is what the caller hears next
-        self.call.play_prompt("sorry_lost_you")
-        if self.mode is _Mode.MENU:
-            self.call.play_prompt("menu")
+        self._say("sorry_lost_you", *(["menu"] if self.mode is _Mode.MENU else []))
 
     async def on_speech_turn(self, duration_ms: int) -> None:
         # The demo understands keys, not words: after the caller has spoken (and perhaps cut a
         # prompt short by barge-in), it offers the menu again.
         if self.mode is _Mode.MENU and duration_ms >= 300:
-            self.call.play_prompt("menu")
+            self._say("menu")
 
     async def on_tool_result(self, result: ToolResult) -> None:
         if result.tool != PAYMENT_TOOL or self.mode is not _Mode.PAYING:
@@ -175,5 +179,4 @@ class DemoAgent(Agent):
                 "duplicate": result.duplicate,
             },
         )
-        self.call.play_prompt(_OUTCOME_PROMPTS.get(result.outcome, "payment_unavailable"))
-        self.call.play_prompt("menu")
+        self._say(_OUTCOME_PROMPTS.get(result.outcome, "payment_unavailable"), "menu")

@@ -100,6 +100,15 @@ class MarkHeard:
 
 
 @dataclass(frozen=True, slots=True)
+class MarkCleared:
+    """The response was cut before the frame carrying the end of this mark's audio was played:
+    the caller never heard up to it. Every mark ends in exactly one MarkHeard or MarkCleared."""
+
+    response_id: str
+    mark_id: str
+
+
+@dataclass(frozen=True, slots=True)
 class ResponseDrained:
     """A finished response has been played out completely: ``heard_ms`` of it."""
 
@@ -107,7 +116,7 @@ class ResponseDrained:
     heard_ms: int
 
 
-PlaybackEvent = MarkHeard | ResponseDrained
+PlaybackEvent = MarkHeard | MarkCleared | ResponseDrained
 
 
 @dataclass(frozen=True, slots=True)
@@ -399,7 +408,8 @@ class Playout:
         :meth:`poll` reports :class:`MarkHeard` once the frame carrying the end of that audio has
         been pulled (immediately if nothing was admitted). A mark whose audio is not yet a whole
         frame waits for the next chunk or for :meth:`finish`. Marks not yet heard when the
-        response is interrupted are never reported. False if the response is not open.
+        response is interrupted are reported as :class:`MarkCleared` by the next :meth:`poll`.
+        False if the response is not open.
         """
         response = self._open
         if response is None or response.response_id != response_id:
@@ -434,8 +444,9 @@ class Playout:
         response still open or playing out, and say how much of each the caller heard.
 
         Returns one :class:`Interrupted` per response cut, oldest first (empty if nothing was
-        playing). Marks heard before the cut are still reported by the next :meth:`poll`; a
-        response that had in fact played out completely is reported there as drained instead.
+        playing). Marks heard before the cut are still reported by the next :meth:`poll`, and
+        the others as cleared; a response that had in fact played out completely is reported
+        there as drained instead.
         """
         if new_generation <= self.generation:
             raise GenerationError(
@@ -463,6 +474,8 @@ class Playout:
             heard = response.pulled
             while response.marks and response.marks[0][0] <= heard:
                 self._events.append(MarkHeard(response.response_id, response.marks.popleft()[1]))
+            while response.marks:
+                self._events.append(MarkCleared(response.response_id, response.marks.popleft()[1]))
             if response.state is _State.FINISHED and heard == response.queued:
                 self._end(response, _State.DRAINED, heard)
                 self._events.append(ResponseDrained(response.response_id, heard * FRAME_MS))

@@ -32,6 +32,7 @@ from audio.frame import FrameError
 from audio.playout import (
     GenerationError,
     Interrupted,
+    MarkCleared,
     MarkHeard,
     PlaybackEvent,
     Playout,
@@ -133,13 +134,17 @@ class PlayoutMachine(RuleBasedStateMachine):
 
     def check_events(self, events: list[PlaybackEvent]) -> None:
         for event in events:
-            if isinstance(event, MarkHeard):
-                # Exactly once, and only once its frame has been pulled.
+            if isinstance(event, MarkHeard | MarkCleared):
+                # Exactly one outcome per mark: heard only once its frame has been pulled,
+                # cleared only if it never was.
                 assert event.mark_id not in self.fired
                 self.fired.add(event.mark_id)
                 rid, index = self.mark_owner[event.mark_id]
                 assert rid == event.response_id
-                assert self.responses[rid].pulled >= index
+                if isinstance(event, MarkHeard):
+                    assert self.responses[rid].pulled >= index
+                else:
+                    assert self.responses[rid].pulled < index
             else:
                 assert event.heard_ms == self.responses[event.response_id].pulled * 20
 
@@ -247,13 +252,15 @@ class PlayoutMachine(RuleBasedStateMachine):
 
     @rule(step=st.integers(1, 3))
     def interrupt(self, step: int) -> None:
-        self.pending += self.collect()
+        # Response by response, oldest first: its marks heard, its marks cleared, then drained
+        # (it had in fact played out) or cut.
         expected: list[Interrupted] = []
         for rid in self.live:
             m = self.responses[rid]
             while m.marks and m.marks[0][0] <= m.pulled:
                 self.pending.append(MarkHeard(rid, m.marks.pop(0)[1]))
-            m.marks.clear()
+            while m.marks:
+                self.pending.append(MarkCleared(rid, m.marks.pop(0)[1]))
             m.heard = m.pulled
             if m.state == "finished" and m.pulled == m.frames:
                 m.state = "drained"
@@ -407,7 +414,8 @@ def test_interrupt_cuts_in_one_step_and_later_chunks_are_stale() -> None:
     assert playout.mark("r1", "late") is False
     assert playout.finish("r1") is False
     assert (playout.stale_dropped, playout.stale_dropped_frames) == (2, 8)
-    assert playout.poll() == []  # the unheard mark is never reported
+    assert playout.poll() == [MarkCleared("r1", "end")]  # the unheard mark: cleared, once
+    assert playout.poll() == []
     assert playout.heard_ms("r1") == 60
     # The next response, in the new generation, plays.
     playout.begin("r2", 1)

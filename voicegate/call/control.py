@@ -1,6 +1,6 @@
 """What the agent may ask of its call (:class:`agents.base.CallControl`).
 
-Audio the agent plays is a response the session records (responses.py); a hang-up is ours
+Audio goes through response handles the session records (responses.py); a hang-up is ours
 (hangup.py); a tool request goes through the call's write path (voicegate/tools/call_tools.py).
 """
 
@@ -9,12 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
-from numpy.typing import NDArray
-
-from voicegate.call.call_state import CallPhase, CallState
+from voicegate.call.call_state import CallState
 from voicegate.call.hangup import HangingUp, HangupPlan
-from voicegate.call.responses import Responses
+from voicegate.call.responses import ResponseHandle, Responses
 from voicegate.call.services import CallServices
 from voicegate.call.turns import CallerTurns
 from voicegate.tools.call_tools import CallTools
@@ -36,37 +33,20 @@ class AgentControl:
         self._hangup = hangup
         self._turns = turns
         self._tools = tools
+        responses.on_admitted = self._admitted
 
     @property
     def rate(self) -> int:
         channel = self._state.channel
         return channel.rate if channel else 8000
 
-    def play(self, samples: NDArray[np.int16]) -> None:
-        state = self._state
-        channel = state.channel
-        if (
-            channel is None
-            or state.phase is not CallPhase.ANSWERED
-            or self._hangup.plan is not None
-            or state.media_released
-        ):
-            return
-        if not self._responses.queue(channel, samples):
-            return
+    def respond(self) -> ResponseHandle:
+        return self._responses.respond()
+
+    def _admitted(self) -> None:
         if self._tools.receipts_seen:
             # Seed 000's last crash window: response audio buffered for playout after a receipt.
             self._services.faults.reached("during_playout")
-
-    def play_prompt(self, name: str) -> None:
-        self.play(self._services.prompt(name, self.rate))
-
-    def mark(self, mark_id: str) -> bool:
-        """Place a mark after the audio queued so far; ``Agent.on_mark`` says when it was heard."""
-        return self._responses.mark(mark_id)
-
-    def stop_playback(self) -> None:
-        self._responses.interrupt()
 
     def hangup(self, reason: str, *, after_playout: bool = True) -> None:
         self._hangup.end(HangupPlan("completed", reason), after_playout=after_playout)

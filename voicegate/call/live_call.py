@@ -18,8 +18,8 @@ import asyncio
 import logging
 from concurrent.futures import Future
 
-from agents.base import Agent, AgentFactory, CallContext, takes_audio
-from audio.playout import MarkHeard, ResponseDrained
+from agents.base import Agent, AgentFactory, CallContext, MarkOutcome, takes_audio
+from audio.playout import MarkCleared, MarkHeard, Playout, ResponseDrained
 from session import events as sev
 from session.durable import DurableSession
 from session.machine import RETRY
@@ -92,7 +92,9 @@ class LiveCall:
             wall=clock.wall,
         )
         self._timers = SessionTimers(clock, post)
-        self._responses = Responses(state, services, steps)
+        self._responses = Responses(
+            state, services, steps, may_play=lambda: self._hangup.plan is None, post=post
+        )
         self._hangup = HangingUp(state, services, steps)
         self._turns = CallerTurns(state, services, steps, self._responses, self._hangup)
         self._sip = SipEvents(state, services, steps, self._responses, self._hangup)
@@ -195,7 +197,7 @@ class LiveCall:
 
     def stop_playback(self) -> None:
         """Cut the response being played (the runtime's shutdown notice goes next)."""
-        self.control.stop_playback()
+        self._responses.interrupt()
 
     def announce(self, prompt: str) -> None:
         """Play a system notice (not an agent response, so not subject to barge-in)."""
@@ -316,7 +318,12 @@ class LiveCall:
             case ev.CallEnded():
                 self._sip.ended(item)
                 self._finish()
+                # Marks the end cut are reported cleared before the agent hears of the end.
+                if self.channel is not None:
+                    await self._playback_events(self.channel.playout)
                 await self._notices.call_ended()
+            case MarkOutcome():
+                await self._notices.mark(item)
             case ToolDone():
                 await self._notices.tool_done(item)
             case ev.MediaHealthChanged(health=health):
@@ -362,14 +369,18 @@ class LiveCall:
         if playout.stale_dropped_frames != self._stale_seen:
             metrics.stale_frames.inc(playout.stale_dropped_frames - self._stale_seen)
             self._stale_seen = playout.stale_dropped_frames
-        self._responses.finish_if_sent(playout)
+        await self._playback_events(playout)
+        self._hangup.on_tick()
+
+    async def _playback_events(self, playout: Playout) -> None:
         for event in playout.poll():
             match event:
-                case MarkHeard(mark_id=mark_id):
-                    await self._notices.mark_heard(mark_id)
+                case MarkHeard(response_id=response_id, mark_id=mark_id):
+                    await self._notices.mark(MarkOutcome(response_id, mark_id, "played"))
+                case MarkCleared(response_id=response_id, mark_id=mark_id):
+                    await self._notices.mark(MarkOutcome(response_id, mark_id, "cleared"))
                 case ResponseDrained(response_id=response_id, heard_ms=heard_ms):
                     self._responses.drained(response_id, heard_ms)
-        self._hangup.on_tick()
 
     def _finish_without_dialog(self, reason: str) -> None:
         if self.session is not None and not self.session.state.terminal:
@@ -383,6 +394,7 @@ class LiveCall:
         ended = self.session.state.ended if self.session else None
         if ended is not None:
             services.metrics.calls.labels(ended.terminal_state).inc()
+        self._responses.ended()
         channel = self.channel
         if channel is not None:
             playout = channel.playout

@@ -11,7 +11,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from agents.base import ToolResult
+from agents.base import MarkOutcome, ToolResult
 from voicegate.call.call_state import CallPhase, CallState
 from voicegate.tools.call_tools import CallTools, ToolDone
 
@@ -78,10 +78,12 @@ class AgentNotices:
         if agent is not None and self._state.phase is CallPhase.ANSWERED:
             await agent.on_tool_result(result)
 
-    async def mark_heard(self, mark_id: str) -> None:
+    async def mark(self, outcome: MarkOutcome) -> None:
+        """A mark's one outcome, played or cleared; delivered while the agent is still there
+        (the call's end delivers the marks it cleared before ``on_end``)."""
         agent = self._state.agent
-        if agent is not None and self._state.phase is CallPhase.ANSWERED:
-            await agent.on_mark(mark_id)
+        if agent is not None and self._state.phase is not CallPhase.RINGING:
+            await agent.on_mark(outcome)
 
     async def call_ended(self) -> None:
         agent = self._state.agent

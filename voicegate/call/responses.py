@@ -1,69 +1,201 @@
-"""The agent's responses as the session records them, and the prompts the session says.
+"""The agent's responses as handles, as the session records them, and the prompts the session says.
 
-A response opens with the agent's first chunk of audio (ResponseStarted; its BindResponse effect
-opens it in the playout), and ends drained (ResponseFinished) or cut (ResponseInterrupted, with
-how much the caller heard). Only one is open at a time.
+An agent opens a response with ``call.respond()`` and writes its audio and marks to the handle
+(agents.base.Response). The session records it (ResponseStarted; its BindResponse effect opens it
+in the playout, in the current playback generation), and it ends drained (ResponseFinished) or cut
+(ResponseInterrupted, with how much the caller heard). Only one is current at a time.
+
+A handle dies when its response is done, cut (barge-in, an interruption the session raises, a
+cancel), superseded by the next ``respond()``, or the call ends; from then on its audio is dropped
+at admission and counted by that reason. Playback generations guard the same thing inside the
+playout, but a handle also catches what generations cannot: a chunk written to a response that was
+superseded, or done, in the same generation.
 """
 
 from __future__ import annotations
 
+import logging
+import math
+from collections.abc import Callable
+
 import numpy as np
 from numpy.typing import NDArray
 
-from audio.playout import Playout
+from agents.base import MarkOutcome
 from session import events as sev
-from telephony.media_bridge import MediaChannel
 from voicegate.call.acting import SessionSteps
 from voicegate.call.call_state import CallPhase, CallState
 from voicegate.call.services import CallServices
 
+log = logging.getLogger("voicegate.call")
+
+
+class ResponseHandle:
+    """One agent response (agents.base.Response); made only by :meth:`Responses.respond`."""
+
+    def __init__(self, owner: Responses, response_id: str, ended: str | None = None) -> None:
+        self._owner = owner
+        self._id = response_id
+        self._ended = ended
+
+    @property
+    def id(self) -> str:
+        return self._id
+
+    @property
+    def alive(self) -> bool:
+        return self._ended is None
+
+    @property
+    def ended(self) -> str | None:
+        return self._ended
+
+    def end(self, why: str) -> None:
+        if self._ended is None:
+            self._ended = why
+
+    def play(self, samples: NDArray[np.int16]) -> bool:
+        return self._owner.play(self, samples)
+
+    def play_prompt(self, name: str) -> bool:
+        return self._owner.play_prompt(self, name)
+
+    def mark(self, mark_id: str) -> bool:
+        return self._owner.mark(self, mark_id)
+
+    def done(self) -> None:
+        self._owner.done(self)
+
+    def cancel(self) -> None:
+        self._owner.cancel(self)
+
+    def __repr__(self) -> str:
+        return f"<Response {self._id} {self._ended or 'alive'}>"
+
 
 class Responses:
-    def __init__(self, state: CallState, services: CallServices, steps: SessionSteps) -> None:
+    def __init__(
+        self,
+        state: CallState,
+        services: CallServices,
+        steps: SessionSteps,
+        may_play: Callable[[], bool],
+        post: Callable[[object], None],
+    ) -> None:
         self._state = state
         self._services = services
         self._steps = steps
+        self._may_play = may_play  # False once the call is hanging up
+        self._post = post
         self._responses = 0
         self._says = 0
-        # The response the session knows as current; ``open`` while the agent may still add to
-        # it (then it is finished in the playout and drains).
+        # The response the session knows as current, until it drained or was cut; ``open``
+        # while it may still take audio (the handle is alive).
         self.response_id: str | None = None
         self.open = False
+        self._handle: ResponseHandle | None = None
+        # Called after each chunk admitted (the crash-window fault "during_playout").
+        self.on_admitted: Callable[[], None] = lambda: None
 
-    def forget(self) -> None:
-        """Nothing queued so far may continue: the next chunk opens a new response."""
-        self.response_id, self.open = None, False
+    # --- the agent's side (ResponseHandle) ----------------------------------------------------
 
-    def queue(self, channel: MediaChannel, samples: NDArray[np.int16]) -> bool:
-        """Queue the agent's audio in the open response, opening one if needed; False when the
-        session refused a new response."""
-        if not self.open and not self._start():
-            return False
-        assert self.response_id is not None and self._state.session is not None
-        generation = self._state.session.state.playback_generation
-        # Admission checks the generation: a chunk of an older one never enters the queue.
-        channel.playout.admit(self.response_id, generation, np.asarray(samples, dtype=np.int16))
-        return True
-
-    def mark(self, mark_id: str) -> bool:
-        """Place a mark after the audio queued so far; ``Agent.on_mark`` says when it was heard."""
-        channel = self._state.channel
-        if channel is None or not self.open or self.response_id is None:
-            return False
-        return channel.playout.mark(self.response_id, mark_id)
-
-    def _start(self) -> bool:
-        """Open a new response; a finished one still draining is recorded as finished first."""
-        if self.response_id is not None:
-            self._close(self.response_id)
+    def respond(self) -> ResponseHandle:
+        """Open a new response; the open one, if any, is superseded (it plays out)."""
         self._responses += 1
         response_id = f"r{self._responses}"
-        turn_id = self._state.current_turn()
+        channel, state = self._state.channel, self._state
+        if channel is None or state.phase is not CallPhase.ANSWERED or not self._may_play():
+            return ResponseHandle(self, response_id, ended="refused")
+        if self._handle is not None and self._handle.alive:
+            self._handle.end("superseded")
+            channel.playout.finish(self._handle.id)
+            self.open = False
+        if self.response_id is not None:
+            # A finished response still draining is recorded as finished, heard so far.
+            self._close(self.response_id)
+        turn_id = state.current_turn()
         # Its BindResponse effect opens the response in the playout, in the current generation.
         if not self._steps.try_apply(sev.ResponseStarted(response_id, turn_id)):
-            return False
+            return ResponseHandle(self, response_id, ended="refused")
         self.response_id, self.open = response_id, True
+        self._handle = ResponseHandle(self, response_id)
+        return self._handle
+
+    def play(self, handle: ResponseHandle, samples: NDArray[np.int16]) -> bool:
+        channel, state = self._state.channel, self._state
+        if handle.alive and (
+            channel is None
+            or state.phase is not CallPhase.ANSWERED
+            or state.media_released
+            or not self._may_play()
+        ):
+            self._end_current("ended")
+        if not handle.alive or channel is None:
+            self._dropped(handle, len(samples))
+            return False
+        assert self._state.session is not None
+        generation = self._state.session.state.playback_generation
+        # The playout checks the generation too: a chunk of an older one never enters it.
+        if not channel.playout.admit(handle.id, generation, np.asarray(samples, dtype=np.int16)):
+            return False
+        self.on_admitted()
         return True
+
+    def play_prompt(self, handle: ResponseHandle, name: str) -> bool:
+        channel = self._state.channel
+        rate = channel.rate if channel is not None else 8000
+        return self.play(handle, self._services.prompt(name, rate))
+
+    def mark(self, handle: ResponseHandle, mark_id: str) -> bool:
+        channel = self._state.channel
+        if handle.alive and channel is not None and channel.playout.mark(handle.id, mark_id):
+            return True
+        # Never placed, so never played: the agent still hears of it, once.
+        self._post(MarkOutcome(handle.id, mark_id, "cleared"))
+        return False
+
+    def done(self, handle: ResponseHandle) -> None:
+        if not handle.alive:
+            return
+        handle.end("done")
+        channel = self._state.channel
+        if channel is not None:
+            channel.playout.finish(handle.id)
+        if handle.id == self.response_id:
+            self.open = False
+
+    def cancel(self, handle: ResponseHandle) -> None:
+        if handle.id == self.response_id:
+            self.interrupt(why="canceled")
+        else:
+            handle.end("canceled")
+
+    # --- the call's side ----------------------------------------------------------------------
+
+    def forget(self) -> None:
+        """The session cleared the playout (an interruption): the current response is dead."""
+        self._end_current("interrupted")
+        self.response_id, self.open = None, False
+
+    def ended(self) -> None:
+        """The call is over: no response takes audio any more."""
+        self._end_current("ended")
+        self.open = False
+
+    def _end_current(self, why: str) -> None:
+        if self._handle is not None:
+            self._handle.end(why)
+
+    def _dropped(self, handle: ResponseHandle, samples: int) -> None:
+        channel = self._state.channel
+        rate = channel.rate if channel is not None else 8000
+        frames = math.ceil(samples / (rate // 50)) if samples else 0
+        reason = handle.ended or "ended"
+        self._services.metrics.dead_response_frames.labels(reason).inc(frames)
+        log.debug(
+            "response.dropped",
+            extra={"call_id": self._state.call_id, "response_id": handle.id, "why": reason},
+        )
 
     def _close(self, response_id: str) -> None:
         channel = self._state.channel
@@ -71,9 +203,11 @@ class Responses:
         self.response_id, self.open = None, False
         self._steps.try_apply(sev.ResponseFinished(response_id, heard))
 
-    def interrupt(self) -> int | None:
+    def interrupt(self, why: str = "interrupted") -> int | None:
         """Cut the active response at once; the session records how much the caller heard."""
         response_id, channel, session = self.response_id, self._state.channel, self._state.session
+        if self._handle is not None and self._handle.id == response_id:
+            self._handle.end(why)
         if response_id is None or channel is None or session is None:
             return None
         playout = channel.playout
@@ -86,13 +220,6 @@ class Responses:
         self.response_id, self.open = None, False
         self._steps.try_apply(sev.ResponseInterrupted(response_id, heard))
         return heard
-
-    def finish_if_sent(self, playout: Playout) -> None:
-        # A response whose audio has all been queued and pulled is done: finish it (the last
-        # partial frame is padded) and record it once it has drained.
-        if self.open and self.response_id and playout.queued_ms == 0:
-            playout.finish(self.response_id)
-            self.open = False
 
     def drained(self, response_id: str, heard_ms: int) -> None:
         """The playout sent the last of ``response_id``: the session records it finished."""
@@ -107,6 +234,8 @@ class Responses:
             return
         playout = channel.playout
         if self.open and self.response_id is not None:
+            # The agent's response in progress ends here: the session speaks now.
+            self._end_current("superseded")
             playout.finish(self.response_id)
             self.open = False
         self._says += 1

@@ -145,6 +145,14 @@ class Metrics:
             ["deadline"],
             registry=r,
         )
+        self.dead_response_frames = Counter(
+            "voicegate_dead_response_frames_dropped_total",
+            "Agent audio (in 20 ms frames) written to a response that was no longer alive, "
+            "dropped at admission, by why it had ended (done, interrupted, canceled, "
+            "superseded, ended, refused)",
+            ["reason"],
+            registry=r,
+        )
         self.stale_frames = Counter(
             "voicegate_stale_frames_dropped_total",
             "20 ms frames of audio refused at playout admission: an older generation, or a "
