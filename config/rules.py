@@ -186,6 +186,22 @@ def sip_users() -> Rule:
     return Rule(allowed, check)
 
 
+def import_path(*, empty_ok: bool = False) -> Rule:
+    """``package.module:name``: where a Python object is found (it is imported at start-up)."""
+    allowed = '"package.module:name" (a module to import, a colon, a name in it)'
+    if empty_ok:
+        allowed = "empty, or " + allowed
+
+    def check(value: str) -> str:
+        if empty_ok and not value:
+            return value
+        if not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", value):
+            raise _refuse(allowed)
+        return value
+
+    return Rule(allowed, check)
+
+
 def header_text() -> Rule:
     # It goes out verbatim in User-Agent/Server headers: a CR or LF would inject header lines.
     allowed = "non-empty printable text"

@@ -24,6 +24,7 @@ from config.rules import (
     empty_or_one_of,
     float_range,
     header_text,
+    import_path,
     int_choice,
     int_range,
     ip_literal,
@@ -413,8 +414,22 @@ class SessionSettings:
 
 @dataclass(frozen=True, slots=True)
 class AgentSettings:
-    # Later issues add "websocket" here.
-    kind: str = field(default="demo", metadata=key(one_of("demo"), "Which agent answers calls"))
+    kind: str = field(
+        default="demo",
+        metadata=key(
+            one_of("demo", "python"),
+            "Which agent answers calls: the built-in demo, or your own Python agent (factory)",
+        ),
+    )
+    factory: str = field(
+        default="",
+        metadata=key(
+            import_path(empty_ok=True),
+            "With kind = python: the agent's factory, called as factory(context, call) for each "
+            "call (an agents.base.Agent subclass or a function returning one); imported and "
+            "checked at start-up",
+        ),
+    )
     prompts_dir: Path | None = field(
         default=None,
         metadata=key(
@@ -531,6 +546,20 @@ def cross_check(s: Settings) -> list[CrossProblem]:
             CrossProblem(
                 ("session.heartbeat_s", "session.reap_after_s"),
                 "reap_after_s must be at least 3 x heartbeat_s",
+            )
+        )
+    if s.agent.kind == "python" and not s.agent.factory:
+        problems.append(
+            CrossProblem(
+                ("agent.kind", "agent.factory"),
+                'kind = "python" needs a factory such as "mypackage.agent:MyAgent"',
+            )
+        )
+    elif s.agent.kind != "python" and s.agent.factory:
+        problems.append(
+            CrossProblem(
+                ("agent.kind", "agent.factory"),
+                'a factory is used only with kind = "python": set kind, or remove factory',
             )
         )
     problems.extend(_pool_problems(s))

@@ -64,6 +64,8 @@ PROMPTS: dict[str, str] = {
     "Nothing else will be done on this call. Goodbye.",
     "outcome_unknown": "I cannot confirm yet whether your request went through. "
     "A colleague will check it and get back to you. Goodbye.",
+    "technical_problem": "I am sorry, something went wrong on our side. "
+    "Please call again later. Goodbye.",
 }
 
 RATE = 16000  # G.722's rate; 8 kHz calls get these resampled at load, never upsampled audio

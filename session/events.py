@@ -91,6 +91,15 @@ class DialogFailed(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class AgentFailed(Event):
+    """The agent itself failed (an in-process agent raised, or could not be made): the call
+    cannot go on; ``reason`` is what failed, never the agent's data."""
+
+    type: ClassVar[str] = "agent_failed"
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class SessionExpired(Event):
     """RFC 4028: no session refresh arrived in time; PJSIP ended the dialog with BYE."""
 
@@ -275,6 +284,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         TransferFinished,
         CallerHangup,
         DialogFailed,
+        AgentFailed,
         SessionExpired,
         ServerHangup,
         MediaLost,

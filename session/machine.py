@@ -178,6 +178,24 @@ def _on_dialog_failed(state: SessionState, event: ev.DialogFailed, now: float) -
     ), out
 
 
+def _on_agent_failed(state: SessionState, event: ev.AgentFailed, now: float) -> Result:
+    out: Effects = []
+    reason = ending.with_unknown(f"agent failed: {event.reason}".rstrip(": "), state)
+    # A tool call whose outcome nobody knows yet needs a person, as on any other hang-up.
+    terminal = Terminal.NEEDS_HUMAN if state.outstanding else Terminal.FAILED
+    # The caller is told (seed 004: never dead air, never a silent loss), then hung up on.
+    return ending.terminate(
+        state,
+        terminal,
+        reason,
+        EndingStage.AGENT,
+        now,
+        out,
+        caller_present=state.signaling is not Signaling.GONE,
+        say="outcome_unknown" if state.outstanding else "technical_problem",
+    ), out
+
+
 def _on_session_expired(state: SessionState, event: ev.SessionExpired, now: float) -> Result:
     out: Effects = []
     reason = ending.session_expired(event.reason, state)
@@ -589,6 +607,7 @@ TRANSITIONS: Mapping[type[ev.Event], Rule[Any]] = {rule.event: rule for rule in 
     Rule(ev.CallerHangup, AFTER_OFFER, _on_caller_hangup),
     Rule(ev.ServerHangup, AFTER_OFFER, _on_server_hangup),
     Rule(ev.DialogFailed, AFTER_OFFER, _on_dialog_failed),
+    Rule(ev.AgentFailed, AFTER_OFFER, _on_agent_failed),
     Rule(ev.SessionExpired, AFTER_OFFER, _on_session_expired),
     # media and agent link
     Rule(ev.MediaLost, CALL_UP, _on_media_lost, _NOT_UP),

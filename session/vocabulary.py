@@ -38,6 +38,7 @@ class EndingStage(enum.StrEnum):
     HANGUP = "hangup"  # someone hung up with outcomes unknown
     TRANSFER = "transfer"  # transferred with outcomes unknown
     OPERATOR = "operator"
+    AGENT = "agent"  # the agent failed (an exception in an in-process agent)
     PROCESS = "process"  # the process serving it died (the reaper)
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from agents.loading import AgentLoadError
 from config import ConfigError, Settings, load_settings
 from config.rules import Invalid, name_token
 from config.workers import worker_settings, worker_slots
@@ -22,7 +23,7 @@ from voicegate.observe.logs import setup_logging
 from voicegate.pool.front_door import front_door_for
 from voicegate.pool.kamailio_config import render_config, render_dispatcher_list
 from voicegate.pool.supervisor import Supervisor, SupervisorStartError
-from voicegate.runtime import Runtime
+from voicegate.runtime import Runtime, agent_factory
 from voicegate.signals import stop_signals
 
 log = logging.getLogger("voicegate")
@@ -70,6 +71,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = load_settings(path)
     except ConfigError as exc:
+        print(f"voicegate: config error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        # Importing the user's agent is part of checking the config: a typo stops start-up.
+        agent_factory(settings)
+    except AgentLoadError as exc:
         print(f"voicegate: config error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     if args.command == "check-config":

@@ -21,6 +21,7 @@ from numpy.typing import NDArray
 
 from agents.base import AgentFactory
 from agents.demo import DemoAgent
+from agents.loading import load_factory
 from audio.barge_in import BargeInConfig
 from audio.prompts import PromptLibrary, default_prompts_dir
 from audio.vad import VadConfig
@@ -82,6 +83,9 @@ def endpoint_config(settings: Settings) -> EndpointConfig:
 
 
 def agent_factory(settings: Settings) -> AgentFactory:
+    """The factory of the configured agent; raises AgentLoadError naming the key if unusable."""
+    if settings.agent.kind == "python":
+        return load_factory(settings.agent.factory)
     if settings.agent.kind == "demo":
         return DemoAgent
     raise ValueError(f"agent.kind {settings.agent.kind!r} has no implementation")

@@ -830,6 +830,7 @@ SAMPLES: list[ev.Event] = [
     ev.TransferFinished(2, ok=False),
     ev.CallerHangup(),
     ev.DialogFailed(408, "no ACK"),
+    ev.AgentFailed("on_dtmf raised ValueError"),
     ev.SessionExpired("No session refresh received."),
     ev.ServerHangup("canceled", "agent gave up"),
     ev.MediaLost(),
@@ -970,3 +971,20 @@ def test_a_timeout_asks_the_agent_to_stop_once() -> None:
 
 def test_caller_hangup_before_the_offer_is_illegal() -> None:
     refused(SessionState(SID), ev.CallerHangup())  # actual: completed, "caller hung up"
+
+
+def test_an_agent_that_fails_ends_the_session_failed_at_stage_agent_and_tells_the_caller() -> None:
+    state, effects = step(answered(), ev.AgentFailed("on_dtmf raised ValueError"), 20.0)
+    assert state.ended is not None
+    assert (state.ended.terminal_state, state.ended.stage) == ("failed", "agent")
+    assert state.ended.reason == "agent failed: on_dtmf raised ValueError"
+    kinds = [type(e) for e in effects]
+    assert kinds.index(fx.Say) < kinds.index(fx.HangUp)
+    assert fx.Say("technical_problem") in effects
+
+
+def test_an_agent_that_fails_with_a_tool_call_in_flight_needs_a_human() -> None:
+    state, effects = step(with_sent_write(speaking()), ev.AgentFailed("crashed"), 20.0)
+    assert state.ended is not None
+    assert (state.ended.terminal_state, state.ended.stage) == ("needs_human", "agent")
+    assert fx.Say("outcome_unknown") in effects

@@ -176,6 +176,7 @@ ENDING_STRATEGIES: EventStrategies = {
         ev.DialogFailed, status=st.sampled_from([0, 408, 500]), reason=st.just("x")
     ),
     ev.SessionExpired: st.builds(ev.SessionExpired, reason=st.just("No session refresh")),
+    ev.AgentFailed: st.builds(ev.AgentFailed, reason=st.just("on_dtmf raised ValueError")),
     ev.ServerHangup: st.builds(
         ev.ServerHangup,
         outcome=st.sampled_from(["completed", "canceled", "bogus"]),

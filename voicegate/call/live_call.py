@@ -30,6 +30,7 @@ from telephony.media_bridge import MediaChannel
 from telephony.sip_message import mask_uri
 from voicegate.call.acting import Persisted, SessionSteps
 from voicegate.call.actions import CallActions
+from voicegate.call.agent_guard import AgentCrashed, make_agent
 from voicegate.call.call_state import CallPhase, CallState
 from voicegate.call.clock import SessionClock
 from voicegate.call.control import AgentControl
@@ -256,6 +257,8 @@ class LiveCall:
                 item = await self.events.get()
                 try:
                     await self._handle(item)
+                except AgentCrashed as crash:
+                    self._agent_failed(crash)
                 except StoreError:
                     # A lost lease or a failed write was handled where it was found (_halt):
                     # the call is hanging up, and this loop waits for the dialog's end.
@@ -269,6 +272,17 @@ class LiveCall:
                 # Cancelled (shutdown past its deadline): the outcome is still recorded.
                 self._finish_without_dialog("server stopped before the call ended")
             self.done.set()
+
+    def _agent_failed(self, crash: AgentCrashed) -> None:
+        """The agent raised: the session ends failed at stage agent and the caller is told; the
+        agent hears nothing more but its on_end."""
+        log.error(
+            "agent.failed",
+            extra={"call_id": self.call_id, "method": crash.method},
+            exc_info=crash.error,
+        )
+        self._services.metrics.agent_failures.labels(crash.method).inc()
+        self._steps.try_apply(sev.AgentFailed(str(crash)))
 
     def _answer(self) -> None:
         if self.phase is CallPhase.RINGING and self._hangup.plan is None:
@@ -354,8 +368,8 @@ class LiveCall:
             codec=self.codec,
             rate=channel.rate,
         )
-        agent = self._state.agent = self._agent_factory(context, self.control)
-        self._turns.agent_takes_audio = takes_audio(agent)
+        agent = self._state.agent = make_agent(self._agent_factory, context, self.control)
+        self._turns.agent_takes_audio = takes_audio(agent.inner)
         await agent.on_start()
 
     async def _on_tick(self) -> None:

@@ -145,6 +145,12 @@ class Metrics:
             ["deadline"],
             registry=r,
         )
+        self.agent_failures = Counter(
+            "voicegate_agent_failures_total",
+            "In-process agents that raised, by the handler that did (the call ends failed)",
+            ["method"],
+            registry=r,
+        )
         self.dead_response_frames = Counter(
             "voicegate_dead_response_frames_dropped_total",
             "Agent audio (in 20 ms frames) written to a response that was no longer alive, "
