@@ -824,15 +824,20 @@ def _take_over_worker(
     path: str, session_id: str, writer: int, rounds: int, barrier: Any, results: Any
 ) -> None:
     """A separate process that, each round, takes the session over as soon as every process is
-    ready (so the take-overs race), then appends until fenced out or 5 events are written."""
+    ready (so the take-overs race), then appends until fenced out or 5 events are written.
+
+    On even rounds every process also waits until all have taken over before it writes, so two
+    of the three are certainly fenced out whatever the scheduler does; odd rounds race freely."""
     store = SqliteSessionStore(Path(path))
     epochs: list[int] = []
     written: list[int] = []
     refused = {"lease_lost": 0, "sequence_conflict": 0}
-    for _ in range(rounds):
+    for round_number in range(rounds):
         barrier.wait(30)
         lease = store.take_over(session_id, owner=f"worker-{writer}/x", at=float(writer))
         epochs.append(lease.epoch)
+        if round_number % 2 == 0:
+            barrier.wait(30)
         for _ in range(5):
             summary = store.get(session_id)
             assert summary is not None
