@@ -113,6 +113,11 @@ class Runtime:
         # A crash window after a write is after it is durable: flush the writer first.
         self.faults = Faults(settings.faults.crash_at, before_crash=self.writer.flush)
         self.tools: Mapping[str, ToolSettings] = {tool.name: tool for tool in settings.tools}
+        # Each tool's alerting series exist at 0 from the start, so that an alert on the first
+        # increase sees it (a series born at 1 has no increase to Prometheus).
+        for name in self.tools:
+            self.metrics.tool_sends_repeated.labels(name)
+            self.metrics.tool_duplicates_prevented.labels(name)
         self.reconcile_timeout_s = settings.session.reconcile_timeout_s
         self.status_attempts = settings.session.status_attempts
         self._http: aiohttp.ClientSession | None = None

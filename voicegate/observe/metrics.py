@@ -194,6 +194,21 @@ class Metrics:
             ["tool"],
             registry=r,
         )
+        self.tool_sends_repeated = Counter(
+            "voicegate_tool_sends_repeated_total",
+            "Writes the provider answered as a replay of a key it had already executed "
+            "(Idempotent-Replayed): the write was sent more than once; the provider's "
+            "idempotency, not voicegate, kept it from running twice",
+            ["tool"],
+            registry=r,
+        )
+        self.stale_frames_played = Counter(
+            "voicegate_stale_frames_played_total",
+            "20 ms frames the media port played after a cut that were not of the new "
+            "generation: stale audio that reached the caller (always 0 unless the port breaks "
+            "its cut contract)",
+            registry=r,
+        )
         self.reconciliations = Counter(
             "voicegate_reconciliations_total",
             "Outcomes learned from providers' status endpoints",
