@@ -32,7 +32,7 @@ from session.state import Policy
 from session.store import SessionStore
 from session.store.sqlite import SqliteSessionStore
 from session.store.writer import StoreWriter
-from session.vocabulary import OwnerId, Terminal
+from session.vocabulary import RECEIPT_OUTCOMES, OwnerId, Terminal
 from telephony import events as ev
 from telephony.endpoint import EndpointConfig, SipEndpoint
 from telephony.sip_message import mask_uri
@@ -42,7 +42,7 @@ from voicegate.call.hangup import HangupPlan
 from voicegate.call.live_call import LiveCall
 from voicegate.faults import Faults
 from voicegate.observe.metrics import Metrics
-from voicegate.tools.client import ToolClient
+from voicegate.tools.client import BadAnswer, ToolClient
 from voicegate.tools.startup_reconcile import settle_predecessors
 
 log = logging.getLogger("voicegate.runtime")
@@ -118,6 +118,10 @@ class Runtime:
         for name in self.tools:
             self.metrics.tool_sends_repeated.labels(name)
             self.metrics.tool_duplicates_prevented.labels(name)
+            for outcome in (*RECEIPT_OUTCOMES, "refused"):
+                self.metrics.tool_calls.labels(name, outcome)
+            for bad in BadAnswer:
+                self.metrics.tool_bad_answers.labels(name, bad)
         self.reconcile_timeout_s = settings.session.reconcile_timeout_s
         self.status_attempts = settings.session.status_attempts
         self._http: aiohttp.ClientSession | None = None
