@@ -255,6 +255,13 @@ class Playout:
         self._in_ring: deque[tuple[int, _Response, int]] = deque()  # (tag, response, n)
         self._next_tag = 1
         self._ring_queued = 0
+        # The ring's promise after a cut: every frame it plays has a tag handed out after the cut
+        # (the new generation's). Checked from its counters at each look: frames played since
+        # the cut beyond the new tags it reports are stale audio that reached the caller.
+        self.stale_played_frames = 0
+        self._stale_before_cut = 0
+        self._played_at_cut: int | None = None
+        self._first_tag_after_cut = 0
 
     # --- media clock thread -----------------------------------------------------------------
 
@@ -329,6 +336,11 @@ class Playout:
         while in_ring and in_ring[0][0] <= last:
             _, response, n = in_ring.popleft()
             response.pulled = n
+        if self._played_at_cut is not None:
+            since_cut = status.played - self._played_at_cut
+            fresh = max(0, status.last_tag - self._first_tag_after_cut + 1)
+            stale = max(0, since_cut - fresh)
+            self.stale_played_frames = self._stale_before_cut + stale
         if status.played != self.audio_frames:
             self.last_audio_pull = status.ticks
         self.pulls = status.ticks
@@ -463,6 +475,9 @@ class Playout:
             status = self._ring.cut()
             if status is not None:
                 self._apply(status)
+                self._stale_before_cut = self.stale_played_frames
+                self._played_at_cut = status.played
+                self._first_tag_after_cut = self._next_tag
             self._in_ring.clear()
         elif self._in_pull:
             # A pull that took a frame just before the cut plays it; let it record that first.

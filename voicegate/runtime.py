@@ -33,7 +33,7 @@ from session.state import Policy
 from session.store import SessionStore
 from session.store.sqlite import SqliteSessionStore
 from session.store.writer import StoreWriter
-from session.vocabulary import OwnerId, Terminal
+from session.vocabulary import RECEIPT_OUTCOMES, OwnerId, Terminal
 from telephony import events as ev
 from telephony.endpoint import EndpointConfig, SipEndpoint
 from telephony.sip_message import mask_uri
@@ -43,7 +43,7 @@ from voicegate.call.hangup import HangupPlan
 from voicegate.call.live_call import LiveCall
 from voicegate.faults import Faults
 from voicegate.observe.metrics import Metrics
-from voicegate.tools.client import ToolClient
+from voicegate.tools.client import BadAnswer, ToolClient
 from voicegate.tools.startup_reconcile import settle_predecessors
 
 log = logging.getLogger("voicegate.runtime")
@@ -117,6 +117,15 @@ class Runtime:
         # A crash window after a write is after it is durable: flush the writer first.
         self.faults = Faults(settings.faults.crash_at, before_crash=self.writer.flush)
         self.tools: Mapping[str, ToolSettings] = {tool.name: tool for tool in settings.tools}
+        # Each tool's alerting series exist at 0 from the start, so that an alert on the first
+        # increase sees it (a series born at 1 has no increase to Prometheus).
+        for name in self.tools:
+            self.metrics.tool_sends_repeated.labels(name)
+            self.metrics.tool_duplicates_prevented.labels(name)
+            for outcome in (*RECEIPT_OUTCOMES, "refused"):
+                self.metrics.tool_calls.labels(name, outcome)
+            for bad in BadAnswer:
+                self.metrics.tool_bad_answers.labels(name, bad)
         self.reconcile_timeout_s = settings.session.reconcile_timeout_s
         self.status_attempts = settings.session.status_attempts
         self._http: aiohttp.ClientSession | None = None

@@ -78,6 +78,7 @@ class LiveCall:
         self.done = asyncio.Event()
         self._tick_queued = False
         self._stale_seen = 0
+        self._stale_played_seen = 0
         post = self.events.put_nowait
         self._steps = steps = SessionSteps(
             state, services, clock, post=post, on_halt=self._stop_acting
@@ -383,6 +384,11 @@ class LiveCall:
         if playout.stale_dropped_frames != self._stale_seen:
             metrics.stale_frames.inc(playout.stale_dropped_frames - self._stale_seen)
             self._stale_seen = playout.stale_dropped_frames
+        if playout.stale_played_frames != self._stale_played_seen:
+            metrics.stale_frames_played.inc(
+                playout.stale_played_frames - self._stale_played_seen
+            )
+            self._stale_played_seen = playout.stale_played_frames
         await self._playback_events(playout)
         self._hangup.on_tick()
 

@@ -15,6 +15,7 @@ from session.durable import DurableSession
 from session.state import TERMINAL_STATES
 from session.store import SessionStore, SessionSummary
 from voicegate.control.http_rules import json_error, new_app
+from voicegate.control.status_page import status_page
 from voicegate.runtime import Runtime
 
 
@@ -255,6 +256,7 @@ def make_app(runtime: Runtime) -> web.Application:
     app.router.add_get("/healthz", healthz, allow_head=False)
     app.router.add_get("/readyz", readyz, allow_head=False)
     app.router.add_get("/metrics", metrics, allow_head=False)
+    app.router.add_get("/status", status_page, allow_head=False)
     app.router.add_get("/v1/calls", list_calls, allow_head=False)
     app.router.add_get("/v1/calls/{call_id}", get_call, allow_head=False)
     app.router.add_post("/v1/calls/{call_id}/hangup", hangup_call)

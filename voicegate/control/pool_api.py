@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry, generate_latest, multiprocess
 
 from voicegate.control.http_api import add_sessions_routes, prometheus_response
 from voicegate.control.http_rules import json_error, new_app
+from voicegate.control.status_page import status_page
 from voicegate.pool.supervisor import Supervisor, Worker, WorkerState
 
 SUPERVISOR = web.AppKey("supervisor", Supervisor)
@@ -152,6 +153,7 @@ def make_pool_app(supervisor: Supervisor) -> web.Application:
     app.router.add_get("/healthz", healthz, allow_head=False)
     app.router.add_get("/readyz", readyz, allow_head=False)
     app.router.add_get("/metrics", metrics, allow_head=False)
+    app.router.add_get("/status", status_page, allow_head=False)
     app.router.add_get("/v1/pool", pool, allow_head=False)
     app.router.add_get("/v1/calls", list_calls, allow_head=False)
     app.router.add_get("/v1/calls/{call_id}", get_call, allow_head=False)

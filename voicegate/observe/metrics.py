@@ -18,7 +18,7 @@ from prometheus_client import (
     ProcessCollector,
 )
 
-from session.vocabulary import Terminal
+from session.vocabulary import Interruption, Outcome, RecoveryOutcome, Terminal
 
 
 class Metrics:
@@ -208,6 +208,21 @@ class Metrics:
             ["tool"],
             registry=r,
         )
+        self.tool_sends_repeated = Counter(
+            "voicegate_tool_sends_repeated_total",
+            "Writes the provider answered as a replay of a key it had already executed "
+            "(Idempotent-Replayed): the write was sent more than once; the provider's "
+            "idempotency, not voicegate, kept it from running twice",
+            ["tool"],
+            registry=r,
+        )
+        self.stale_frames_played = Counter(
+            "voicegate_stale_frames_played_total",
+            "20 ms frames the media port played after a cut that were not of the new "
+            "generation: stale audio that reached the caller (always 0 unless the port breaks "
+            "its cut contract)",
+            registry=r,
+        )
         self.reconciliations = Counter(
             "voicegate_reconciliations_total",
             "Outcomes learned from providers' status endpoints",
@@ -227,3 +242,17 @@ class Metrics:
             self.sessions_reaped.labels(why)
         for deadline in ("recovery", "max_duration", "no_input", "session_timer"):
             self.deadline_endings.labels(deadline)
+        # Every series of a closed vocabulary exists at 0 from the start: an alert or a
+        # dashboard's increase() sees the first event (a series born at 1 has no increase), and
+        # deploy/grafana's queries can be checked against a fresh /metrics.
+        for kind in Interruption:
+            self.recovery_duration.labels(kind)
+            for recovery_outcome in RecoveryOutcome:
+                self.recoveries.labels(kind, recovery_outcome)
+        for receipt in Outcome:
+            self.reconciliations.labels(receipt)
+        for reason in ("speech", "dtmf"):
+            self.barge_ins.labels(reason)
+        # The refusals the capacity alert watches (telephony/admission.py).
+        self.calls_refused.labels("capacity", "486")
+        self.calls_refused.labels("setup_rate", "503")

@@ -115,6 +115,10 @@ class Worker:
         }
 
 
+# Why a worker's last life ended (what _watch returns).
+RESTART_REASONS = ("exited", "unresponsive", "start_timeout")
+
+
 class Supervisor:
     def __init__(self, settings: Settings, config_path: str | None) -> None:
         self.settings = settings
@@ -125,6 +129,12 @@ class Supervisor:
         self.metrics_dir = self.run_dir / "metrics"
         self.metrics = PoolMetrics()
         self.workers = [Worker(slot) for slot in worker_slots(settings)]
+        # Each worker's series exist at 0 from the start, so that the restart alert's increase()
+        # sees a worker's first restarts (a series born at 1 has no increase to Prometheus).
+        for worker in self.workers:
+            self.metrics.health_failures.labels(worker.slot.name)
+            for reason in RESTART_REASONS:
+                self.metrics.restarts.labels(worker.slot.name, reason)
         self.owner = OwnerId(
             f"{settings.session.worker_name}.supervisor", uuid.uuid4().hex[:12]
         ).format()

@@ -52,6 +52,9 @@ class StatusUnavailable(Exception):
 
 # A receipt is a few hundred bytes; anything past this is not an answer of the contract, and is
 # never read whole into memory (a provider, or a proxy in front of it, may stream gigabytes).
+# The header a provider sets on the answer to a key it had already executed (the replay of the
+# original outcome; providers/payments/README.md, the contract voicegate expects of any write tool).
+REPLAYED_HEADER = "Idempotent-Replayed"
 MAX_ANSWER_BYTES = 64 * 1024
 _READ_CHUNK = 8 * 1024
 
@@ -141,6 +144,11 @@ class ToolClient:
             self._metrics.tool_bad_answers.labels(tool.name, reason.value).inc()
         log.warning("tool.bad_answer", extra={"tool": tool.name, "key": key, "why": reason.value})
 
+    def _count_repeated(self, tool: ToolSettings, key: str) -> None:
+        if self._metrics is not None:
+            self._metrics.tool_sends_repeated.labels(tool.name).inc()
+        log.error("tool.sent_twice", extra={"tool": tool.name, "key": key})
+
     async def request(
         self,
         tool: ToolSettings,
@@ -164,6 +172,7 @@ class ToolClient:
                     allow_redirects=False,
                 ) as resp:
                     answer = await _answer(resp)
+                    replayed = resp.headers.get(REPLAYED_HEADER, "").lower() == "true"
         except aiohttp.ClientConnectorError as exc:
             # The TCP connection was never established: the provider cannot have seen it.
             return ToolOutcome(
@@ -191,6 +200,11 @@ class ToolClient:
                 Outcome.UNKNOWN,
                 {"reason": f"bad answer ({answer.bad.value})", "http_status": answer.http_status},
             )
+        if replayed:
+            # We send each key once; a provider that answers our send as a replay has seen this
+            # key before, so something sent the write twice. Its idempotency stopped a second
+            # execution; the answer is still the original outcome.
+            self._count_repeated(tool, key)
         data, http_status = answer.data, answer.http_status
         status = data.get("status")
         if 200 <= http_status < 300 and status == Outcome.COMMITTED:
