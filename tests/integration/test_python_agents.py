@@ -87,3 +87,17 @@ def test_an_agent_that_raises_ends_its_call_failed_and_the_server_goes_on(
     again = Sipp("uac-server-hangup.xml", server.sip_target, tmp_path / "second")
     assert again.run() == 0, again.errors()
     assert server.process is not None and server.process.poll() is None
+
+
+def test_the_example_agent_in_the_readme_answers_a_call(
+    server_factory: ServerFactory, tmp_path: Path
+) -> None:
+    server = server_factory(**python_agent("examples.python_agent.keypad_agent:KeypadAgent"))
+    # The caller presses 9: the example says goodbye and hangs up.
+    sipp = Sipp("uac-server-hangup.xml", server.sip_target, tmp_path)
+    assert sipp.run() == 0, sipp.errors()
+    (ended,) = wait_for(lambda: [e for e in server.ended() if e] or None, 10, "the session to end")
+    assert (ended["terminal_state"], ended["reason"]) == ("completed", "caller pressed 9")
+    # Its one mark got one outcome: cleared if the caller's key cut the greeting, else played.
+    (mark,) = agent_events(server, "example.mark")
+    assert mark["outcome"] in ("played", "cleared")
