@@ -59,6 +59,10 @@ class MarkOutcome:
     outcome: str
 
 
+# Why a response handle is no longer alive (Response.ended): a closed vocabulary, a metric label.
+RESPONSE_ENDINGS = ("done", "interrupted", "canceled", "superseded", "ended", "refused")
+
+
 class Response(Protocol):
     """One response of the agent: a handle to write its audio and marks to.
 
@@ -188,6 +192,9 @@ class Agent:
 
 
 AgentFactory = Callable[[CallContext, CallControl], Agent]
+
+# What of an agent voicegate calls: the factory and each handler (a metric label when one fails).
+AGENT_CALLS = ("factory", *sorted(n for n in vars(Agent) if n.startswith("on_")))
 
 
 def takes_audio(agent: Agent) -> bool:

@@ -31,10 +31,10 @@ def make_agent(
     try:
         agent = factory(context, call)
     except Exception as exc:
-        raise AgentCrashed("the agent factory", exc) from exc
+        raise AgentCrashed("factory", exc) from exc
     if not isinstance(agent, Agent):
         error = TypeError(f"the agent factory returned {type(agent).__name__}, not an Agent")
-        raise AgentCrashed("the agent factory", error)
+        raise AgentCrashed("factory", error)
     return GuardedAgent(agent)
 
 

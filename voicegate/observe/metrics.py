@@ -18,6 +18,7 @@ from prometheus_client import (
     ProcessCollector,
 )
 
+from agents.base import AGENT_CALLS, RESPONSE_ENDINGS
 from session.vocabulary import Interruption, Outcome, RecoveryOutcome, Terminal
 
 
@@ -253,6 +254,10 @@ class Metrics:
             self.reconciliations.labels(receipt)
         for reason in ("speech", "dtmf"):
             self.barge_ins.labels(reason)
+        for call in AGENT_CALLS:
+            self.agent_failures.labels(call)
+        for ending in RESPONSE_ENDINGS:
+            self.dead_response_frames.labels(ending)
         # The refusals the capacity alert watches (telephony/admission.py).
         self.calls_refused.labels("capacity", "486")
         self.calls_refused.labels("setup_rate", "503")
