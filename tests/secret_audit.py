@@ -61,6 +61,7 @@ _CALLER_FIELD = re.compile(
     re.I,
 )
 _DIGIT_RUN = re.compile(r"\d{4,}")
+_TAG_PARAM = re.compile(r";\s*tag\s*=\s*[^;>\s\"',]*", re.I)
 # What a masked URI keeps as it is: its host (an address), its port.
 _HOST_PART = re.compile(r"@[^;>\s\"',]*|\d{1,3}(?:\.\d{1,3}){3}(?::\d+)?|:\d+")
 
@@ -161,7 +162,9 @@ class SecretAudit:
         for match in _SENSITIVE_VALUE.finditer(line):
             yield f"sensitive field {match.group(1)!r} has a value"
         for match in _CALLER_FIELD.finditer(line):
-            if _DIGIT_RUN.search(_HOST_PART.sub("", match.group(2))):
+            # A dialog's tag is a random id the UA made up, not a number of anyone's.
+            value = _TAG_PARAM.sub("", match.group(2))
+            if _DIGIT_RUN.search(_HOST_PART.sub("", value)):
                 yield f"field {match.group(1)!r} holds an unmasked number"
 
 

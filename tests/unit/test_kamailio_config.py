@@ -116,3 +116,24 @@ def test_a_bad_worker_spec_is_refused(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "expected NAME=sip:host:port" in result.stderr
     assert not (tmp_path / "kamailio.cfg").exists()
+
+
+async def test_kamailio_log_lines_are_relayed_with_callers_masked() -> None:
+    import asyncio
+    import io
+
+    from voicegate.pool.front_door import relay_masked
+
+    stream = asyncio.StreamReader()
+    stream.feed_data(
+        b" 2(24199) ERROR: <core> [core/parser/msg_parser.c:749]: parse_msg(): message=<INVITE\n"
+        b'From: "+15551230199" <sip:+15551230199@example.net>;tag=1344\n'
+        b"Contact: <sip:5551230199@10.0.0.1:5060>\n"
+    )
+    stream.feed_eof()
+    out = io.StringIO()
+    await relay_masked(stream, out)
+    text = out.getvalue()
+    assert "parse_msg()" in text and "10.0.0.1:5060" in text
+    assert "5551230" not in text
+    assert text.count("***199") == 3  # the last three digits stay, as everywhere else

@@ -1,6 +1,8 @@
 """Running Kamailio as the pool's front door: start, steer its dispatcher, read its counters, stop.
 
-Kamailio runs in the foreground (``-DD``) as the supervisor's child, logging to its stderr. The
+Kamailio runs in the foreground (``-DD``) as the supervisor's child, logging to its stderr, which
+the supervisor relays line by line with callers masked: Kamailio's parser quotes a whole malformed
+message in its error lines, From and Contact included (STYLE.md habit 10). The
 supervisor steers it over the ctl socket with ``kamcmd``: a worker that died or is draining is
 taken out of the dispatcher set at once (OPTIONS probing would notice within two probe
 intervals), and put back when it is healthy again.
@@ -15,8 +17,11 @@ import os
 import re
 import shutil
 import signal
+import sys
 from pathlib import Path
+from typing import TextIO
 
+from telephony.sip_message import mask_text
 from voicegate.pool.kamailio_config import (
     DISPATCHER_SET,
     STAT_BAD_OFFER,
@@ -67,6 +72,7 @@ class Kamailio:
         self.config_path = door.runtime_dir / "kamailio.cfg"
         self._proc: asyncio.subprocess.Process | None = None
         self._exited: asyncio.Task[int] | None = None
+        self._relay: asyncio.Task[None] | None = None
 
     @property
     def running(self) -> bool:
@@ -111,8 +117,12 @@ class Kamailio:
             # stop Kamailio while drained calls still send their BYEs through it.
             start_new_session=True,
             preexec_fn=die_with_parent,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
         )
-        self._exited = asyncio.create_task(self._proc.wait(), name="kamailio")
+        assert self._proc.stdout is not None
+        self._relay = asyncio.create_task(relay_masked(self._proc.stdout), name="kamailio-log")
+        self._exited = asyncio.create_task(self._reap(), name="kamailio")
         loop = asyncio.get_running_loop()
         deadline = loop.time() + _READY_WAIT_S
         while not door.ctl_socket.exists() or await self._rpc("core.version") is None:
@@ -132,6 +142,14 @@ class Kamailio:
                 "config": str(self.config_path),
             },
         )
+
+    async def _reap(self) -> int:
+        assert self._proc is not None and self._relay is not None
+        status = await self._proc.wait()
+        # The relay ends at the pipe's EOF; its last lines (why Kamailio exited) come first.
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(asyncio.shield(self._relay), timeout=2.0)
+        return status
 
     async def wait_exit(self) -> int:
         assert self._exited is not None
@@ -178,6 +196,14 @@ class Kamailio:
             proc.kill()
             await self.wait_exit()
         log.info("front_door.stopped", extra={"status": proc.returncode})
+
+
+async def relay_masked(stream: asyncio.StreamReader, out: TextIO | None = None) -> None:
+    """Copy Kamailio's log lines to our stderr (or ``out``), callers' numbers masked."""
+    target = out if out is not None else sys.stderr
+    while line := await stream.readline():
+        target.write(mask_text(line.decode(errors="replace")))
+        target.flush()
 
 
 def front_door_for(
