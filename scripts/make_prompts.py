@@ -71,8 +71,6 @@ PROMPTS: dict[str, str] = {
     # needs_human with transfer.human_target set: the caller goes to a person, and is told why.
     "handoff": "I cannot confirm yet whether your request went through. "
     "I am connecting you to a colleague who can check.",
-    # The demo agent's key 0 when a transfer target is configured.
-    "connecting": "Connecting you to a colleague.",
 }
 
 RATE = 16000  # G.722's rate; 8 kHz calls get these resampled at load, never upsampled audio
