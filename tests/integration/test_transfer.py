@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tests.integration.harness import Server, ServerFactory, Sipp, wait_for
+from tests.integration.harness import Provider, Server, ServerFactory, Sipp, wait_for
 
 CC = "sip:desk@cc.example.com"
 ENV = {
@@ -180,3 +180,40 @@ def test_the_api_refuses_a_target_outside_allowed_targets_and_changes_nothing(
     session = _one_session(server)
     assert session["ended"]["terminal_state"] == "canceled"
     assert not _events(session, "transfer_started")
+
+
+def test_a_transfer_during_a_payment_never_sends_the_payment_again(
+    server_factory: ServerFactory, tmp_path: Path
+) -> None:
+    provider = Provider(tmp_path / "provider").start()
+    try:
+        # The charge takes 3 s at the provider: the transfer comes while it is on the wire.
+        provider.set_faults(charge_delay_s=3.0)
+        server = server_factory(**ENV, **provider.tool_env(timeout_s=5.0))
+        sipp = Sipp("uac-transfer-during-payment.xml", server.sip_target, tmp_path).start()
+        call_id = _answered_call(server)
+        wait_for(
+            lambda: any(
+                e["type"] == "tool_request_sent"
+                for e in server.http(f"/v1/sessions/{call_id}")[1]["events"]
+            ),
+            20,
+            "the charge on the wire",
+        )
+        status, body = server.post_json(f"/v1/calls/{call_id}/transfer", {"target": CC})
+        assert status == 202, body
+        assert sipp.wait() == 0, sipp.errors()
+        session = _one_session(server)
+        assert session["ended"]["terminal_state"] == "needs_human"
+        assert session["ended"]["stage"] == "transfer"
+        # The provider finishes the one charge it got; nothing sends it again.
+        wait_for(lambda: provider.charges(), 10, "the provider to finish the charge")
+        assert len(provider.charges()) == 1
+        assert len(_events(session, "tool_request_sent")) == 1
+        status, handoff = server.http(f"/v1/sessions/{call_id}/handoff")
+        assert status == 200
+        (charge,) = handoff["tool_calls"]
+        assert charge["tool"] == "charge" and charge["arguments"]["amount_cents"] == 59
+        assert handoff["unknown"] == [f"whether tool call {charge['key']} (charge) took effect"]
+    finally:
+        provider.stop()
