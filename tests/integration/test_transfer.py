@@ -217,3 +217,32 @@ def test_a_transfer_during_a_payment_never_sends_the_payment_again(
         assert handoff["unknown"] == [f"whether tool call {charge['key']} (charge) took effect"]
     finally:
         provider.stop()
+
+
+def test_needs_human_hands_the_caller_to_the_human_target_instead_of_hanging_up(
+    server_factory: ServerFactory, tmp_path: Path
+) -> None:
+    provider = Provider(tmp_path / "provider").start()
+    try:
+        # The charge's outcome stays unknown: the session ends needs_human (reconciliation).
+        provider.set_faults(charge_delay_s=6.0, status_unknown=True)
+        server = server_factory(
+            **ENV,
+            **provider.tool_env(timeout_s=1.0),
+            VOICEGATE_TRANSFER_HUMAN_TARGET="sip:supervisor@cc.example.com",
+            VOICEGATE_SESSION_RECONCILE_TIMEOUT_S="2",
+            VOICEGATE_SESSION_STATUS_ATTEMPTS="3",
+        )
+        # The same transferee leg: it gets the REFER (context checked), NOTIFYs 100 and 200, and
+        # only then our BYE.
+        sipp = Sipp("uac-transfer-during-payment.xml", server.sip_target, tmp_path)
+        assert sipp.run() == 0, sipp.errors()
+        session = _one_session(server)
+        ended = session["ended"]
+        assert (ended["terminal_state"], ended["stage"]) == ("needs_human", "reconciliation")
+        handoffs = [e for e in server.log_events() if e.get("event") == "transfer.handoff"]
+        assert len(handoffs) == 1 and handoffs[0]["call_id"] == session["session_id"]
+        assert server.metric("voicegate_transfers_total", mode="blind", outcome="completed") == 1
+        wait_for(lambda: len(provider.charges()) == 1, 10, "the slow charge to land")
+    finally:
+        provider.stop()
