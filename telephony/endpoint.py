@@ -41,11 +41,11 @@ from telephony.media_bridge import MediaBridge
 from telephony.media_health import MediaHealth
 from telephony.offer_check import check_offer
 from telephony.port_pool import PortPool
+from telephony.refer import Refers
 from telephony.refusals import Refusals
 from telephony.sip_message import header_tag, mask_uri, request_user, via_transport
 from telephony.sip_wake import SipWaker
 from telephony.thread_state import ThreadStatePins
-from telephony.transfer import refer_to, referred_uri
 
 # Importers of these names from this module predate the split (voicegate.runtime, voicegate.cli).
 __all__ = ["EndpointConfig", "SipEndpoint", "TelephonyStartError"]
@@ -87,8 +87,7 @@ class SipEndpoint:
         # Every pjsua2 Call wrapper lives in exactly one of these until PJSIP reports it
         # DISCONNECTED, and is dropped right then (see on_call_state for why).
         self._calls: dict[str, SipCall] = {}
-        # Calls pjsua placed to follow an allowed inbound REFER, until DISCONNECTED.
-        self._referred: list[ReferredCall] = []
+        self._refers = Refers(self.post, config.follow_refer)
         self._refusals = Refusals()
         self._half_open = HalfOpen(config.ack_timeout_s)
         self._lingering = Lingering()
@@ -222,7 +221,7 @@ class SipEndpoint:
                 while (self._calls or self._refusals) and time.monotonic() < deadline:
                     ep.libHandleEvents(_POLL_MS)
             self._calls.clear()
-            self._referred.clear()
+            self._refers.clear()
             self._refusals.clear()
             if self._account is not None:
                 self._account.shutdown()
@@ -277,51 +276,13 @@ class SipEndpoint:
                     return
                 call.probe(generation, attempt)
             case ev.Transfer(call_id=call_id, target=target, headers=headers):
-                self._transfer(call_id, target, headers)
-
-    def _transfer(self, call_id: str, target: str, headers: tuple[tuple[str, str], ...]) -> None:
-        """Send the REFER of a blind transfer (RFC 5589 section 6). pjsua adds Referred-By with
-        our own URI (RFC 3892), so none is added here; the dialog stays up until the session
-        decides (our BYE goes after the final 2xx NOTIFY)."""
-        call = self._calls.get(call_id)
-        if call is None or not call.answered or call.local_hangup:
-            self.post(ev.TransferStatus(call_id, 481, "call is not up", final=True))
-            return
-        try:
-            call.xfer(refer_to(target, headers), pj.CallOpParam(True))
-        except (pj.Error, ValueError) as exc:
-            reason = exc.reason if isinstance(exc, pj.Error) else str(exc)
-            log.warning("transfer not sent", extra={"call_id": call_id, "error": reason})
-            self.post(ev.TransferStatus(call_id, 503, f"REFER not sent: {reason}", final=True))
-            return
-        log.info("transfer.refer_sent", extra={"call_id": call_id, "target": mask_uri(target)})
+                self._refers.send(self._calls.get(call_id), call_id, target, headers)
 
     def on_transfer_request(self, call: SipCall, prm: Any) -> None:
-        """An inbound REFER (RFC 3515): refused with 403 unless policy allows its target; an
-        allowed one is followed by pjsua (202, the INVITE, NOTIFYs of its progress)."""
-        target = referred_uri(str(prm.dstUri))
-        policy = self.config.follow_refer
-        allowed = call.answered and policy is not None and policy(target)
-        if not allowed or self._account is None:
-            prm.statusCode = 403
-            self.post(ev.InboundRefer(call.call_id, 403, mask_uri(target)))
-            log.warning(
-                "transfer.inbound_refused",
-                extra={"call_id": call.call_id, "target": mask_uri(target)},
-            )
-            return
-        referred = ReferredCall(self, self._account, call.call_id)
-        self._referred.append(referred)
-        prm.newCall = referred
-        self.post(ev.InboundRefer(call.call_id, 202, mask_uri(target)))
-        log.info(
-            "transfer.inbound_followed", extra={"call_id": call.call_id, "target": mask_uri(target)}
-        )
+        self._refers.on_request(call, prm, self._account)
 
     def on_referred_state(self, call: ReferredCall) -> None:
-        if call.getInfo().state == pj.PJSIP_INV_STATE_DISCONNECTED:
-            # Dropped now, before PJSIP reuses its index (see on_call_state).
-            self._referred = [c for c in self._referred if c is not call]
+        self._refers.on_referred_state(call)
 
     def on_incoming(self, account: SipAccount, prm: Any) -> None:
         call = SipCall(self, account, prm.callId)
