@@ -140,6 +140,16 @@ class CallControl(Protocol):
         (call this from :meth:`Agent.on_dtmf`)."""
         ...
 
+    def transfer(self, target: str | None = None, *, mode: str | None = None) -> str | None:
+        """Transfer the caller (a blind transfer: REFER, RFC 3515) to ``target``, a SIP URI that
+        ``transfer.allowed_targets`` allows, or to ``transfer.default_target``. Returns None once
+        it is under way, else why it was refused (nothing changed). While it runs, side effects
+        are frozen and your response is cut (:meth:`Agent.on_interrupted` with ``transfer``).
+        If it succeeds the call ends (:meth:`Agent.on_end` with ``transferred``); if it fails,
+        the caller hears "I could not reach a colleague" and stays with you
+        (:meth:`Agent.on_resumed` with ``transfer``). ``mode``: only ``blind`` for now."""
+        ...
+
 
 class Agent:
     """Base class for agents; override what you need."""

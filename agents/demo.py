@@ -2,7 +2,9 @@
 
 Menu (prompt ``menu``): 1 collects digits until ``#`` and reads them back; 2 takes a payment
 through the configured ``charge`` tool (amount in cents, ``#``, then 1 to pay or ``*`` to cancel,
-and the outcome read back); 3 (a person) is a placeholder; 9 says goodbye and ends the call;
+and the outcome read back); 0 (a person; 3 as before) transfers the caller to
+``transfer.default_target`` if one is configured, else says it is not available; 9 says goodbye
+and ends the call;
 ``*`` repeats the menu. A key press or the caller's speech cuts off whatever prompt is playing
 (barge-in), and after the caller has spoken the menu is offered again.
 The digits themselves are never logged: in a payment flow they would be card numbers.
@@ -43,6 +45,7 @@ class _Mode(enum.Enum):
     AMOUNT = "amount"
     CONFIRM = "confirm"
     PAYING = "paying"
+    TRANSFERRING = "transferring"
     ENDING = "ending"
 
 
@@ -63,7 +66,7 @@ class DemoAgent(Agent):
         self._say("greeting", "menu")
 
     async def on_dtmf(self, digit: str) -> None:
-        if self.mode in (_Mode.ENDING, _Mode.PAYING):
+        if self.mode in (_Mode.ENDING, _Mode.PAYING, _Mode.TRANSFERRING):
             return
         # A key answers the prompt: whatever is still playing of it is cut.
         if self._response is not None:
@@ -88,8 +91,13 @@ class DemoAgent(Agent):
                 self.mode = _Mode.AMOUNT
                 self._amount = ""
                 self._say("enter_amount")
-            case "3":
-                self._say("not_available")
+            case "0" | "3":
+                # A person: the session's transfer (its REFER carries the session's reference).
+                if self.call.transfer() is None:
+                    self.mode = _Mode.TRANSFERRING
+                    self._response = None
+                else:
+                    self._say("not_available")
             case "9":
                 self.mode = _Mode.ENDING
                 self._say("goodbye")
@@ -159,6 +167,11 @@ class DemoAgent(Agent):
         # the cut prompt from its start.
         if self.mode is _Mode.PAYING:
             return  # the payment's own outcome is what the caller hears next
+        if self.mode is _Mode.TRANSFERRING:
+            # Nobody was reached: the session said so ("I could not reach a colleague").
+            self.mode = _Mode.MENU
+            self._say("menu")
+            return
         self._say("sorry_lost_you", *(["menu"] if self.mode is _Mode.MENU else []))
 
     async def on_speech_turn(self, duration_ms: int) -> None:

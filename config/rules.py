@@ -247,3 +247,39 @@ def directory(*, empty_ok: bool = False) -> Rule:
         return Path(text).resolve()
 
     return Rule(allowed, check)
+
+
+# A transfer target as a SIP URI written bare: no display name, no <>, no ?headers (voicegate adds
+# its own context headers inside the Refer-To, RFC 3515 section 2.1), no spaces.
+_SIP_URI = re.compile(r"sips?:[^\s<>?\"]+", re.IGNORECASE)
+
+
+def sip_uri(*, empty_ok: bool = False) -> Rule:
+    allowed = 'a SIP URI such as "sip:desk@callcentre.example.com" (no <>, no ?headers)'
+    if empty_ok:
+        allowed = "empty, or " + allowed
+
+    def check(value: str) -> str:
+        if empty_ok and not value:
+            return value
+        if not _SIP_URI.fullmatch(value) or not value.isprintable():
+            raise _refuse(allowed)
+        return value
+
+    return Rule(allowed, check)
+
+
+def sip_uri_patterns() -> Rule:
+    """Shell-style patterns (``*``, ``?``, ``[..]``) that SIP URIs are matched against."""
+    allowed = 'a list of SIP URI patterns such as "sip:*@callcentre.example.com" (empty = none)'
+
+    def check(value: tuple[str, ...]) -> tuple[str, ...]:
+        for item in value:
+            if not re.fullmatch(r"sips?:[^\s<>\"]+", item, re.IGNORECASE) or not item.isprintable():
+                raise Invalid(
+                    f"{item!r} is not a SIP URI pattern: give it as sip:user@host, with * for "
+                    "any part, no <> and no spaces"
+                )
+        return value
+
+    return Rule(allowed, check)

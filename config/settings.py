@@ -13,6 +13,7 @@ environment comma-separated.
 
 from __future__ import annotations
 
+import fnmatch
 import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +32,8 @@ from config.rules import (
     key,
     name_token,
     one_of,
+    sip_uri,
+    sip_uri_patterns,
     sip_users,
 )
 from config.tools import ToolSettings
@@ -438,6 +441,74 @@ class AgentSettings:
     )
 
 
+TRANSFER_MODES = ("blind",)  # attended and bridge are not built yet (issue 16)
+
+
+def target_allowed(target: str, patterns: tuple[str, ...]) -> bool:
+    """Whether ``target`` matches one of ``patterns`` (shell-style, case-insensitive).
+
+    The one matching rule for ``transfer.allowed_targets``: the control API, the agents' calls and
+    inbound REFER policy all ask this (telephony gets the answer, never the patterns' meaning).
+    """
+    uri = target.strip().lower()
+    return any(fnmatch.fnmatchcase(uri, p.lower()) for p in patterns)
+
+
+@dataclass(frozen=True, slots=True)
+class TransferSettings:
+    default_target: str = field(
+        default="",
+        metadata=key(
+            sip_uri(empty_ok=True),
+            "Where a transfer goes when none is named (the demo agent's key 0); empty = none. "
+            "Must match allowed_targets",
+        ),
+    )
+    human_target: str = field(
+        default="",
+        metadata=key(
+            sip_uri(empty_ok=True),
+            "A person who takes over a call that needs one (needs_human): the caller is "
+            "transferred there instead of hung up on; empty = none. Must match allowed_targets",
+        ),
+    )
+    allowed_targets: tuple[str, ...] = field(
+        default=(),
+        metadata=key(
+            sip_uri_patterns(),
+            "The only targets a transfer may go to (toll fraud): patterns with * such as "
+            '"sip:*@callcentre.example.com"; anything else is refused (the API answers 403)',
+        ),
+    )
+    default_mode: str = field(
+        default="blind",
+        metadata=key(
+            one_of(*TRANSFER_MODES),
+            "How a transfer is made: blind (REFER, RFC 3515); attended and bridge are not "
+            "built yet",
+        ),
+    )
+    notify_timeout_s: float = field(
+        default=60.0,
+        metadata=key(
+            float_range(1, 600),
+            "How long a blind transfer waits for the final NOTIFY before the caller is taken "
+            "back by the agent (pjsua's own subscription would wait 600 s)",
+        ),
+    )
+    accept_inbound_refer: bool = field(
+        default=False,
+        metadata=key(
+            boolean(),
+            "Follow a REFER from the caller's side when its Refer-To matches allowed_targets; "
+            "off, every inbound REFER is refused with 403",
+        ),
+    )
+
+    def allows(self, target: str) -> bool:
+        return target_allowed(target, self.allowed_targets)
+
+
 @dataclass(frozen=True, slots=True)
 class LogSettings:
     level: str = field(
@@ -477,6 +548,7 @@ class Settings:
     session: SessionSettings = field(default_factory=SessionSettings)
     pool: PoolSettings = field(default_factory=PoolSettings)
     agent: AgentSettings = field(default_factory=AgentSettings)
+    transfer: TransferSettings = field(default_factory=TransferSettings)
     log: LogSettings = field(default_factory=LogSettings)
     faults: FaultSettings = field(default_factory=FaultSettings)
     # Not a [section] of keys: [tools.<name>] tables, read by config.tools.
@@ -563,6 +635,23 @@ def cross_check(s: Settings) -> list[CrossProblem]:
             )
         )
     problems.extend(_pool_problems(s))
+    problems.extend(_transfer_problems(s))
+    return problems
+
+
+def _transfer_problems(s: Settings) -> list[CrossProblem]:
+    """A configured target outside allowed_targets would be refused on every use: say so now."""
+    t = s.transfer
+    problems = []
+    for name in ("default_target", "human_target"):
+        target = getattr(t, name)
+        if target and not t.allows(target):
+            problems.append(
+                CrossProblem(
+                    (f"transfer.{name}", "transfer.allowed_targets"),
+                    f"{target} matches no pattern of allowed_targets: add one that covers it",
+                )
+            )
     return problems
 
 

@@ -33,7 +33,7 @@ PROMPTS: dict[str, str] = {
     "greeting": "Hello, this is voicegate.",
     "menu": (
         "Press 1 and then your digits, ending with the hash key, to hear them read back. "
-        "Press 2 for payments. Press 3 to speak to a person. Press 9 to end the call. "
+        "Press 2 for payments. Press 0 to speak to a person. Press 9 to end the call. "
         "Press star to hear this menu again."
     ),
     "you_entered": "You entered",
@@ -66,6 +66,11 @@ PROMPTS: dict[str, str] = {
     "A colleague will check it and get back to you. Goodbye.",
     "technical_problem": "I am sorry, something went wrong on our side. "
     "Please call again later. Goodbye.",
+    # A blind transfer that failed, was refused or got no answer in time (session/machine.py).
+    "transfer_failed": "I could not reach a colleague right now. I am still here to help you.",
+    # needs_human with transfer.human_target set: the caller goes to a person, and is told why.
+    "handoff": "I cannot confirm yet whether your request went through. "
+    "I am connecting you to a colleague who can check.",
 }
 
 RATE = 16000  # G.722's rate; 8 kHz calls get these resampled at load, never upsampled audio

@@ -24,10 +24,11 @@ class Timer(enum.StrEnum):
     MAX_DURATION = "max_duration"
     NO_INPUT = "no_input"  # seed 004's ladder: ask once ...
     NO_INPUT_FINAL = "no_input_final"  # ... then end honestly
+    TRANSFER = "transfer_notify"  # our guard on a blind transfer's final NOTIFY
 
 
 # The recovery's own deadlines, dropped together when it ends.
-RECOVERY_TIMERS = (Timer.RECOVERY, Timer.HONESTY, Timer.RETRY)
+RECOVERY_TIMERS = (Timer.RECOVERY, Timer.HONESTY, Timer.RETRY, Timer.TRANSFER)
 
 
 def arm(

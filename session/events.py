@@ -74,6 +74,8 @@ class TransferFinished(Event):
     type: ClassVar[str] = "transfer_finished"
     generation: int = 0
     ok: bool = True
+    # The final NOTIFY's sipfrag status, or the REFER's own refusal (0 in logs before it existed).
+    status: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -122,13 +122,48 @@ def _on_reinvite_finished(state: SessionState, event: ev.ReinviteFinished, now: 
 
 
 def _on_transfer_started(state: SessionState, event: ev.TransferStarted, now: float) -> Result:
+    if state.recovery is not None:
+        # The REFER would go out on a dialog whose media or agent is still being recovered; the
+        # caller could not be taken back honestly if it failed. Recover first.
+        raise IllegalTransition(state, event, "the call is recovering")
     out: Effects = []
-    state = replace(state, signaling=Signaling.TRANSFERRING)
-    return interrupt(state, Interruption.TRANSFER, now, out), out
+    policy = state.policy
+    state = replace(
+        state,
+        signaling=Signaling.TRANSFERRING,
+        transfer_target=event.target,
+        transfer_status=0,
+    )
+    # RFC 5589 section 6: the caller's side calls the target; the outcome comes in NOTIFYs. The
+    # transfer's recovery outlives its NOTIFY guard, so the guard decides (the caller goes back
+    # to the agent) and not the recovery's deadline; and the caller is not told "reconnecting".
+    state = interrupt(
+        state,
+        Interruption.TRANSFER,
+        now,
+        out,
+        timeout_s=max(policy.recovery_timeout_s, policy.transfer_timeout_s + 5.0),
+        honesty=False,
+    )
+    assert state.recovery is not None
+    state = arm(
+        state, Timer.TRANSFER, now + policy.transfer_timeout_s, state.recovery.generation, out
+    )
+    return state, out
 
 
 def _on_transfer_progress(state: SessionState, event: ev.TransferProgress, now: float) -> Result:
-    return state, []
+    return replace(state, transfer_status=event.status), []
+
+
+def _transfer_failed(state: SessionState, status: int, now: float, out: Effects) -> SessionState:
+    """RFC 5589 section 6.1 (failed transfer): the caller stays with us and the agent, and is
+    told honestly that nobody could be reached."""
+    state = replace(state, signaling=Signaling.UP, transfer_status=status)
+    state = recovered(state, Interruption.TRANSFER, now, out)
+    out.append(fx.Say("transfer_failed"))
+    out.append(fx.NotifyAgent("transfer_failed", str(status)))
+    return state
 
 
 def _on_transfer_finished(state: SessionState, event: ev.TransferFinished, now: float) -> Result:
@@ -136,7 +171,10 @@ def _on_transfer_finished(state: SessionState, event: ev.TransferFinished, now: 
         return state, _ignored(event, why)
     out: Effects = []
     if event.ok:
-        # The caller is with the target now: this session's part ends, honestly.
+        # The caller is with the target now: this session's part ends, honestly, and our BYE
+        # goes only now, after the final 2xx NOTIFY (RFC 5589 section 6). No prompt: the caller
+        # is talking to someone else.
+        state = replace(state, transfer_status=event.status or 200)
         if state.outstanding:
             reason = f"transferred with {ending.unknown_outcomes(state)}"
             return ending.terminate(
@@ -146,13 +184,12 @@ def _on_transfer_finished(state: SessionState, event: ev.TransferFinished, now: 
                 EndingStage.TRANSFER,
                 now,
                 out,
-                caller_present=False,
+                caller_present=True,
             ), out
         return ending.terminate(
-            state, Terminal.COMPLETED, "transferred", None, now, out, caller_present=False
+            state, Terminal.COMPLETED, "transferred", None, now, out, caller_present=True
         ), out
-    state = replace(state, signaling=Signaling.UP)
-    return recovered(state, Interruption.TRANSFER, now, out), out
+    return _transfer_failed(state, event.status, now, out), out
 
 
 def _on_caller_hangup(state: SessionState, event: ev.CallerHangup, now: float) -> Result:
@@ -163,6 +200,11 @@ def _on_caller_hangup(state: SessionState, event: ev.CallerHangup, now: float) -
     elif state.outstanding:
         terminal, stage = Terminal.NEEDS_HUMAN, EndingStage.HANGUP
         reason = f"caller hung up with {ending.unknown_outcomes(state)}"
+    elif state.signaling is Signaling.TRANSFERRING:
+        # The BYE overtook the final NOTIFY (or replaced it): the caller's side ended our leg
+        # while carrying out the REFER, so our part is over, but the outcome was not reported.
+        terminal, stage = Terminal.COMPLETED, None
+        reason = f"caller left during transfer (last NOTIFY {state.transfer_status or 'none'})"
     elif state.recovery is not None or state.gate is not Gate.OPEN:
         terminal, reason, stage = Terminal.CANCELED, "caller hung up during recovery", None
     else:
@@ -396,6 +438,12 @@ def _on_deadline_fired(state: SessionState, event: ev.DeadlineFired, now: float)
     out: Effects = []
     state = forget(state, (event.name,))
     caller_present = _caller_present(state)
+    if event.name == Timer.TRANSFER:
+        # No final NOTIFY in time: we stop waiting (seed 001: a deadline) and take the caller
+        # back; a NOTIFY that still comes is stale.
+        if state.signaling is not Signaling.TRANSFERRING:
+            return state, _ignored(event, "no transfer is in progress")
+        return _transfer_failed(state, 408, now, out), out
     if event.name == Timer.HONESTY:
         # Seed 004's ladder: past about two seconds of trouble, say so (once).
         if caller_present:

@@ -48,8 +48,20 @@ def in_flight(state: SessionState) -> tuple[str, ...]:
     return tuple(o.key for o in state.outstanding if o.stage is IntentStage.SENT)
 
 
-def interrupt(state: SessionState, kind: Interruption, now: float, out: fx.Effects) -> SessionState:
-    """Any interruption: freeze, cut playback, and start (or join) the one recovery."""
+def interrupt(
+    state: SessionState,
+    kind: Interruption,
+    now: float,
+    out: fx.Effects,
+    *,
+    timeout_s: float | None = None,
+    honesty: bool = True,
+) -> SessionState:
+    """Any interruption: freeze, cut playback, and start (or join) the one recovery.
+
+    A recovery it starts has ``timeout_s`` (default: the policy's ``recovery_timeout_s``) and,
+    with ``honesty``, says "one moment, I am reconnecting" past ``honesty_after_s``.
+    """
     state = cut_playback(state, out)
     if state.gate is not Gate.CLOSED:
         state = set_gate(state, Gate.FROZEN, now, out)
@@ -62,12 +74,14 @@ def interrupt(state: SessionState, kind: Interruption, now: float, out: fx.Effec
         return replace(state, recovery=recovery)
     generation = state.recovery_generation + 1
     policy = state.policy
-    recovery = Recovery(generation, (kind,), now, now + policy.recovery_timeout_s)
+    timeout = policy.recovery_timeout_s if timeout_s is None else timeout_s
+    recovery = Recovery(generation, (kind,), now, now + timeout)
     out.append(fx.StartRecovery(generation, kind, recovery.deadline))
     out.append(fx.NotifyAgent("interrupted", kind))
     state = replace(state, recovery=recovery, recovery_generation=generation)
     state = arm(state, Timer.RECOVERY, recovery.deadline, generation, out)
-    state = arm(state, Timer.HONESTY, now + policy.honesty_after_s, generation, out)
+    if honesty:
+        state = arm(state, Timer.HONESTY, now + policy.honesty_after_s, generation, out)
     return schedule_retry(state, recovery, 0, now, out)
 
 

@@ -87,6 +87,8 @@ class Policy:
     retry_base_s: float = 0.25
     retry_cap_s: float = 4.0
     retry_max_attempts: int = 8
+    # Our guard on a blind transfer's final NOTIFY (pjsua's own subscription waits 600 s).
+    transfer_timeout_s: float = 60.0
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Policy:
@@ -188,6 +190,9 @@ class SessionState:
     deadlines: Mapping[str, Deadline] = field(default_factory=dict)
     answered_at: float | None = None
     ended: Ending | None = None
+    # The last transfer: its target and the last sipfrag status its NOTIFYs reported (0: none).
+    transfer_target: str = ""
+    transfer_status: int = 0
 
     # --- derived ---------------------------------------------------------------------------------
 
@@ -269,4 +274,7 @@ class SessionState:
             deadlines={k: Deadline(**v) for k, v in data["deadlines"].items()},
             answered_at=data["answered_at"],
             ended=None if data["ended"] is None else Ending.from_dict(data["ended"]),
+            # Checkpoints written before transfers existed have neither.
+            transfer_target=data.get("transfer_target", ""),
+            transfer_status=data.get("transfer_status", 0),
         )

@@ -29,6 +29,8 @@ class CallOwner(Protocol):
     def on_call_state(self, call: SipCall) -> None: ...
     def on_media_state(self, call: SipCall) -> None: ...
     def on_answer_sent(self, call: SipCall, response: str) -> None: ...
+    def on_transfer_request(self, call: SipCall, prm: Any) -> None: ...
+    def on_referred_state(self, call: ReferredCall) -> None: ...
 
 
 class SipAccount(pj.Account):  # type: ignore[misc]
@@ -152,7 +154,35 @@ class SipCall(pj.Call):  # type: ignore[misc]
                 status, reason = 0, f"transport error: {reason}"
             self.owner.post(ev.DialogProbed(self.call_id, generation, attempt, status, reason))
 
+    def onCallTransferRequest(self, prm: Any) -> None:
+        # An inbound REFER: pjsua would follow any (toll fraud); the owner applies the policy.
+        self.owner.on_transfer_request(self, prm)
+
+    def onCallTransferStatus(self, prm: Any) -> None:
+        # A REFER we sent: 100 once accepted, then each NOTIFY's sipfrag status; finalNotify when
+        # the implicit subscription ends (RFC 3515 section 2.4.5).
+        if self.accepted:
+            self.owner.post(
+                ev.TransferStatus(
+                    self.call_id, int(prm.statusCode), str(prm.reason), bool(prm.finalNotify)
+                )
+            )
+
     def onDtmfDigit(self, prm: Any) -> None:
         if self.accepted:
             method = "rfc2833" if prm.method == pj.PJSUA_DTMF_METHOD_RFC2833 else "sip-info"
             self.owner.post(ev.DtmfReceived(self.call_id, prm.digit, method))
+
+
+class ReferredCall(pj.Call):  # type: ignore[misc]
+    """The call pjsua places when it follows an inbound REFER that policy allowed (RFC 3515
+    section 2.4.2). It must have a Python owner until DISCONNECTED: a wrapper collected by the
+    GC would hang up whatever call holds its index (shared/notes/transfer.md)."""
+
+    def __init__(self, owner: CallOwner, account: SipAccount, referred_by: str) -> None:
+        super().__init__(account)
+        self.owner = owner
+        self.referred_by = referred_by  # the call_id of the call whose REFER this follows
+
+    def onCallState(self, prm: Any) -> None:
+        self.owner.on_referred_state(self)

@@ -26,7 +26,7 @@ import pjsua2 as pj
 
 from telephony import events as ev
 from telephony.admission import Admission
-from telephony.calls import SipAccount, SipCall, SipLibrary
+from telephony.calls import ReferredCall, SipAccount, SipCall, SipLibrary
 from telephony.dialog_end import DialogKey, DialogTerminator, Lingering
 from telephony.frame_copy import select_copier
 from telephony.half_open import HalfOpen
@@ -41,6 +41,7 @@ from telephony.media_bridge import MediaBridge
 from telephony.media_health import MediaHealth
 from telephony.offer_check import check_offer
 from telephony.port_pool import PortPool
+from telephony.refer import Refers
 from telephony.refusals import Refusals
 from telephony.sip_message import header_tag, mask_uri, request_user, via_transport
 from telephony.sip_wake import SipWaker
@@ -86,6 +87,7 @@ class SipEndpoint:
         # Every pjsua2 Call wrapper lives in exactly one of these until PJSIP reports it
         # DISCONNECTED, and is dropped right then (see on_call_state for why).
         self._calls: dict[str, SipCall] = {}
+        self._refers = Refers(self.post, config.follow_refer)
         self._refusals = Refusals()
         self._half_open = HalfOpen(config.ack_timeout_s)
         self._lingering = Lingering()
@@ -219,6 +221,7 @@ class SipEndpoint:
                 while (self._calls or self._refusals) and time.monotonic() < deadline:
                     ep.libHandleEvents(_POLL_MS)
             self._calls.clear()
+            self._refers.clear()
             self._refusals.clear()
             if self._account is not None:
                 self._account.shutdown()
@@ -272,6 +275,14 @@ class SipEndpoint:
                     log.debug("dialog probe dropped", extra={"call_id": call_id})
                     return
                 call.probe(generation, attempt)
+            case ev.Transfer(call_id=call_id, target=target, headers=headers):
+                self._refers.send(self._calls.get(call_id), call_id, target, headers)
+
+    def on_transfer_request(self, call: SipCall, prm: Any) -> None:
+        self._refers.on_request(call, prm, self._account)
+
+    def on_referred_state(self, call: ReferredCall) -> None:
+        self._refers.on_referred_state(call)
 
     def on_incoming(self, account: SipAccount, prm: Any) -> None:
         call = SipCall(self, account, prm.callId)

@@ -95,6 +95,28 @@ class ReinviteFinished:
 
 
 @dataclass(frozen=True, slots=True)
+class TransferStatus:
+    """Progress of a REFER we sent (pjsua2's ``onCallTransferStatus``): 100 when the REFER was
+    accepted, then each NOTIFY's sipfrag status line (RFC 3515 section 2.4.5); ``final`` when the
+    subscription ended. A refused REFER reports its own status (4xx/6xx), final."""
+
+    call_id: str
+    status: int
+    reason: str
+    final: bool
+
+
+@dataclass(frozen=True, slots=True)
+class InboundRefer:
+    """The caller's side sent us a REFER: ``status`` is what we answered (202 followed, 403
+    refused by policy). ``target`` is masked (telephony.sip_message.mask_uri)."""
+
+    call_id: str
+    status: int
+    target: str
+
+
+@dataclass(frozen=True, slots=True)
 class DtmfReceived:
     call_id: str
     digit: str
@@ -155,6 +177,8 @@ SipEvent = (
     | ReinviteStarted
     | ReinviteFinished
     | DtmfReceived
+    | TransferStatus
+    | InboundRefer
     | DialogProbed
     | AckTimedOut
     | DialogEndedLocally
@@ -196,4 +220,15 @@ class ProbeDialog:
     attempt: int
 
 
-SipCommand = Answer | Hangup | Drain | ProbeDialog
+@dataclass(frozen=True, slots=True)
+class Transfer:
+    """Send a blind-transfer REFER in the call's dialog to ``target`` (a bare SIP URI) with
+    ``headers`` escaped into the Refer-To (telephony.transfer). Progress comes back as
+    :class:`TransferStatus`; a REFER that cannot be sent is reported as a final 503."""
+
+    call_id: str
+    target: str
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+SipCommand = Answer | Hangup | Drain | ProbeDialog | Transfer

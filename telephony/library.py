@@ -7,6 +7,7 @@ safe to call from any other thread (shared/notes/pjsua2.md, "Threading").
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +49,9 @@ class EndpointConfig:
     resample_quality: int = 8
     media_port: str = "c"
     ack_timeout_s: float = 8.0
+    # Inbound REFER policy: None refuses every REFER from the caller's side with 403; else it is
+    # asked whether the Refer-To's bare URI may be called (transfer.allowed_targets).
+    follow_refer: Callable[[str], bool] | None = None
 
 
 class LogWriter(pj.LogWriter):  # type: ignore[misc]

@@ -41,6 +41,7 @@ from voicegate.call.call_state import CallPhase
 from voicegate.call.clock import SessionClock
 from voicegate.call.hangup import HangupPlan
 from voicegate.call.live_call import LiveCall
+from voicegate.call.transfer import TransferRefused
 from voicegate.faults import Faults
 from voicegate.observe.metrics import Metrics
 from voicegate.tools.client import BadAnswer, ToolClient
@@ -79,6 +80,8 @@ def endpoint_config(settings: Settings) -> EndpointConfig:
         ack_timeout_s=sip.ack_timeout_s,
         playout_max_ms=round(settings.audio.playout_max_s * 1000),
         resample_quality=media.resample_quality,
+        # Inbound REFER is policy (toll fraud): followed only when allowed and the target is.
+        follow_refer=settings.transfer.allows if settings.transfer.accept_inbound_refer else None,
     )
 
 
@@ -126,6 +129,7 @@ class Runtime:
                 self.metrics.tool_calls.labels(name, outcome)
             for bad in BadAnswer:
                 self.metrics.tool_bad_answers.labels(name, bad)
+        self.transfer_settings = settings.transfer
         self.reconcile_timeout_s = settings.session.reconcile_timeout_s
         self.status_attempts = settings.session.status_attempts
         self._http: aiohttp.ClientSession | None = None
@@ -169,6 +173,7 @@ class Runtime:
             max_duration_s=s.max_duration_s,
             no_input_s=s.no_input_s,
             no_input_grace_s=s.no_input_grace_s,
+            transfer_timeout_s=self.settings.transfer.notify_timeout_s,
         )
         return dataclasses.asdict(policy)
 
@@ -384,6 +389,16 @@ class Runtime:
         # 480 Temporarily Unavailable for one still ringing; an answered call gets a BYE.
         call.end(HangupPlan("canceled", reason), after_playout=False, status=480)
         return True
+
+    def transfer(
+        self, call_id: str, target: str | None, mode: str | None
+    ) -> TransferRefused | None:
+        """Start a blind transfer of a live call; None once under way, else why not (404 for a
+        call that is not live here)."""
+        call = self.calls.get(call_id)
+        if call is None:
+            return TransferRefused(404, "no such live call here", "call_id")
+        return call.transfer.start(target, mode)
 
     def live_calls(self) -> list[dict[str, object]]:
         return [call.snapshot() for call in self.calls.values()]

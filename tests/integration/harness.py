@@ -220,6 +220,22 @@ class Server:
             AUDIT.record(f"POST {path} -> {exc.code} ({self.log_path})", exc.read().decode())
             return int(exc.code)
 
+    def post_json(self, path: str, body: object) -> tuple[int, Any]:
+        """POST ``body`` as JSON; the status and the decoded JSON answer."""
+        request = urllib.request.Request(
+            f"http://{LOOPBACK}:{self.http_port}{path}",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=5) as response:
+                return int(response.status), json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            text = exc.read().decode()
+            AUDIT.record(f"POST {path} -> {exc.code} ({self.log_path})", text)
+            return int(exc.code), json.loads(text)
+
     def live_calls(self) -> list[dict[str, Any]]:
         status, body = self.http("/v1/calls")
         assert status == 200, body

@@ -33,7 +33,7 @@ from config import (
     render_reference,
 )
 from config.schema import KEYS, Kind, SchemaKey, from_env
-from config.settings import FaultSettings
+from config.settings import FaultSettings, TransferSettings
 from config.tools import KEY_DOCS as TOOL_KEY_DOCS
 from config.tools import ToolSettings
 
@@ -110,6 +110,7 @@ def defaults_in(cwd: Path) -> Settings:
             restart_backoff_max_s=30.0,
         ),
         agent=AgentSettings(kind="demo", prompts_dir=None),
+        transfer=TransferSettings(),
         log=LogSettings(level="info", format="json", pjsip_level=1),
         faults=FaultSettings(crash_at=""),
         tools=(

@@ -12,7 +12,9 @@ import pytest
 
 from config import ConfigError, load_settings
 
-SECTIONS = "sip, media, audio, http, storage, session, pool, agent, log, faults, tools.<name>"
+SECTIONS = (
+    "sip, media, audio, http, storage, session, pool, agent, transfer, log, faults, tools.<name>"
+)
 
 
 def write(tmp_path: Path, text: str | bytes) -> Path:

@@ -476,11 +476,15 @@ class SessionProperties(RuleBasedStateMachine):
             started = [e for e in effects if isinstance(e, fx.StartRecovery)]
             assert after.recovery is not None
             if before.recovery is None:
+                timeout = before.policy.recovery_timeout_s
+                if isinstance(event, ev.TransferStarted):
+                    # A transfer's recovery outlives its NOTIFY guard (session/machine.py).
+                    timeout = max(timeout, before.policy.transfer_timeout_s + 5.0)
                 assert started == [
                     fx.StartRecovery(
                         before.recovery_generation + 1,
                         after.recovery.interruptions[0],
-                        self.now + before.policy.recovery_timeout_s,
+                        self.now + timeout,
                     )
                 ]
             else:

@@ -8,6 +8,7 @@ Each action is small: it hands the decision to the part of the call that owns wh
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from session.vocabulary import Interruption
 from telephony import events as ev
@@ -35,6 +36,7 @@ class CallActions:
         timers: SessionTimers,
         tools: CallTools,
         notices: AgentNotices,
+        prompt_for: Callable[[str], str] = str,
     ) -> None:
         self._state = state
         self._services = services
@@ -44,6 +46,9 @@ class CallActions:
         self._timers = timers
         self._tools = tools
         self._notices = notices
+        # What a session Say plays: the needs_human handoff tells the caller why they are being
+        # put through instead of saying goodbye (voicegate/call/transfer.py).
+        self._prompt_for = prompt_for
 
     def clear_playout(self, generation: int) -> None:
         channel = self._state.channel
@@ -127,7 +132,7 @@ class CallActions:
         self._tools.persist_outstanding([o for o in state.outstanding if o.key in keys])
 
     def say(self, prompt: str) -> None:
-        self._responses.say(prompt)
+        self._responses.say(self._prompt_for(prompt))
 
     def notify_agent(self, what: str, detail: str) -> None:
         # Agents are awaited from the call's own task, never from inside a step.

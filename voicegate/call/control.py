@@ -13,6 +13,7 @@ from voicegate.call.call_state import CallState
 from voicegate.call.hangup import HangingUp, HangupPlan
 from voicegate.call.responses import ResponseHandle, Responses
 from voicegate.call.services import CallServices
+from voicegate.call.transfer import CallTransfer
 from voicegate.call.turns import CallerTurns
 from voicegate.tools.call_tools import CallTools
 
@@ -26,6 +27,7 @@ class AgentControl:
         hangup: HangingUp,
         turns: CallerTurns,
         tools: CallTools,
+        transfer: CallTransfer,
     ) -> None:
         self._state = state
         self._services = services
@@ -33,6 +35,7 @@ class AgentControl:
         self._hangup = hangup
         self._turns = turns
         self._tools = tools
+        self._transfer = transfer
         responses.on_admitted = self._admitted
 
     @property
@@ -56,3 +59,7 @@ class AgentControl:
     ) -> str:
         # Approval by key press: only a request made while handling the caller's DTMF counts.
         return self._tools.request(tool, arguments, key, approved=self._turns.in_dtmf)
+
+    def transfer(self, target: str | None = None, *, mode: str | None = None) -> str | None:
+        refused = self._transfer.start(target, mode)
+        return None if refused is None else refused.message

@@ -8,6 +8,7 @@ first, for at most :data:`MAX_HANGUP_WAIT_S`.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from session import events as sev
@@ -36,6 +37,9 @@ class HangingUp:
         self.plan: HangupPlan | None = None
         self._waiting_since: float | None = None
         self._status = 603
+        # Asked right before our BYE: True when something takes its place for now (the
+        # needs_human handoff, voicegate/call/transfer.py), which calls bye_now() when done.
+        self.before_bye: Callable[[], bool] | None = None
 
     def end(self, plan: HangupPlan, *, after_playout: bool, status: int = 603) -> None:
         """Hang up, recording ``plan`` as the session's outcome (the first plan given wins).
@@ -94,6 +98,14 @@ class HangingUp:
         else:
             self._bye()
 
+    def bye_now(self) -> None:
+        """The BYE, at once, unless the call is already ending."""
+        if self._state.phase not in (CallPhase.ENDING, CallPhase.ENDED):
+            self._state.phase = CallPhase.ENDING
+            self._services.submit(ev.Hangup(self._state.call_id, status=self._status))
+
     def _bye(self) -> None:
+        if self.before_bye is not None and self.before_bye():
+            return
         self._state.phase = CallPhase.ENDING
         self._services.submit(ev.Hangup(self._state.call_id, status=self._status))

@@ -23,7 +23,7 @@ from audio.playout import MarkCleared, MarkHeard, Playout, ResponseDrained
 from session import events as sev
 from session.durable import DurableSession
 from session.machine import RETRY
-from session.state import SessionState
+from session.state import SessionState, Signaling
 from session.store import LeaseLost, SessionStore, StoreError
 from telephony import events as ev
 from telephony.media_bridge import MediaChannel
@@ -40,6 +40,7 @@ from voicegate.call.responses import Responses
 from voicegate.call.services import CallServices
 from voicegate.call.sip_events import SipEvents
 from voicegate.call.timers import SessionTimers, TimerFired
+from voicegate.call.transfer import HANDOFF_TIMER, CallTransfer
 from voicegate.call.turns import CallerTurns
 from voicegate.tools.call_tools import CallTools, ToolDone, ToolRefused
 
@@ -101,8 +102,9 @@ class LiveCall:
         self._turns = CallerTurns(state, services, steps, self._responses, self._hangup)
         self._sip = SipEvents(state, services, steps, self._responses, self._hangup)
         self._notices = AgentNotices(state, self.tools, post)
+        self.transfer = CallTransfer(state, services, steps, self._hangup, self._timers, clock)
         self.control = AgentControl(
-            state, services, self._responses, self._hangup, self._turns, self.tools
+            state, services, self._responses, self._hangup, self._turns, self.tools, self.transfer
         )
         steps.attach(
             CallActions(
@@ -114,6 +116,7 @@ class LiveCall:
                 timers=self._timers,
                 tools=self.tools,
                 notices=self._notices,
+                prompt_for=self.transfer.prompt,
             )
         )
 
@@ -297,10 +300,14 @@ class LiveCall:
                 await self._on_tick()
             case TimerFired(name=name, generation=gen, attempt=attempt):
                 self._timers.fired(name)
-                if name == RETRY:
+                if name == HANDOFF_TIMER:
+                    self.transfer.handoff_timed_out()
+                elif name == RETRY:
                     steps.try_apply(sev.RecoveryRetryDue(gen, attempt))
                 else:
+                    was = self._transferring()
                     steps.try_apply(sev.DeadlineFired(name, gen))
+                    self.transfer.guard_fired(was)
             case ev.MediaReady(codec=codec, codec_rate=codec_rate, channel=channel):
                 self.codec = codec
                 self.codec_rate = codec_rate
@@ -331,6 +338,7 @@ class LiveCall:
                 self._services.metrics.dtmf_digits.labels(method).inc()
                 await self._turns.on_dtmf(digit)
             case ev.CallEnded():
+                self.transfer.caller_left(self._transferring() and item.by == "caller")
                 self._sip.ended(item)
                 self._finish()
                 # Marks the end cut are reported cleared before the agent hears of the end.
@@ -347,6 +355,17 @@ class LiveCall:
                 self._sip.reinvite_started()
             case ev.ReinviteFinished(ok=ok):
                 self._sip.reinvite_finished(ok)
+            case ev.TransferStatus():
+                self.transfer.status(item)
+            case ev.InboundRefer(status=status, target=target):
+                followed = status < 300
+                self._services.metrics.inbound_refers.labels(
+                    "followed" if followed else "refused"
+                ).inc()
+                log.info(
+                    "call.inbound_refer",
+                    extra={"call_id": self.call_id, "status": status, "target": target},
+                )
             case ev.DialogProbed():
                 self._sip.dialog_probed(item)
             case AgentNotice():
@@ -357,6 +376,10 @@ class LiveCall:
                 await self._notices.tool_result(result)
             case _:
                 log.debug("call.ignored_event", extra={"call_id": self.call_id, "ev": repr(item)})
+
+    def _transferring(self) -> bool:
+        state = self._state.session_state
+        return state is not None and state.signaling is Signaling.TRANSFERRING
 
     async def _maybe_start_agent(self) -> None:
         channel = self.channel
@@ -385,9 +408,7 @@ class LiveCall:
             metrics.stale_frames.inc(playout.stale_dropped_frames - self._stale_seen)
             self._stale_seen = playout.stale_dropped_frames
         if playout.stale_played_frames != self._stale_played_seen:
-            metrics.stale_frames_played.inc(
-                playout.stale_played_frames - self._stale_played_seen
-            )
+            metrics.stale_frames_played.inc(playout.stale_played_frames - self._stale_played_seen)
             self._stale_played_seen = playout.stale_played_frames
         await self._playback_events(playout)
         self._hangup.on_tick()

@@ -9,6 +9,7 @@ from numpy.typing import NDArray
 
 from audio.barge_in import BargeInConfig
 from audio.vad import VadConfig
+from config.settings import TransferSettings
 from session import effects as fx
 from session.store import SessionStore
 from session.store.writer import StoreWriter
@@ -25,6 +26,7 @@ class CallServices(ToolServices, Protocol):
     metrics: Metrics
     answer_after_s: float
     owner: str
+    transfer_settings: TransferSettings
 
     def submit(self, command: ev.SipCommand) -> None: ...
 

@@ -11,10 +11,13 @@ from typing import Protocol
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from config.rules import Invalid, sip_uri
+from config.settings import TRANSFER_MODES
 from session.durable import DurableSession
 from session.state import TERMINAL_STATES
 from session.store import SessionStore, SessionSummary
-from voicegate.control.http_rules import json_error, new_app
+from voicegate.control.handoff import handoff
+from voicegate.control.http_rules import json_error, json_object, new_app
 from voicegate.control.status_page import status_page
 from voicegate.runtime import Runtime
 
@@ -93,6 +96,64 @@ async def hangup_call(request: web.Request) -> web.Response:
     if not runtime.hang_up(call_id, "hung up by operator"):
         return json_error(404, "no such live call here", call_id=call_id)
     return web.json_response({"call_id": call_id, "hanging_up": True}, status=202)
+
+
+_TARGET = sip_uri()
+
+
+async def read_transfer(request: web.Request) -> dict[str, str] | web.Response:
+    """The body of ``POST /v1/calls/{id}/transfer``: ``target`` (a bare SIP URI) and an
+    optional ``mode``, or the 400 naming the field (shared with the pool's app)."""
+    body = await json_object(request, required=frozenset({"target"}), optional=frozenset({"mode"}))
+    if isinstance(body, web.Response):
+        return body
+    try:
+        _TARGET.check(body["target"])
+    except Invalid as exc:
+        return json_error(400, f"target: {exc}", field="target")
+    mode = body.get("mode")
+    if mode is not None and mode not in TRANSFER_MODES:
+        return json_error(
+            400,
+            f"mode must be one of {', '.join(TRANSFER_MODES)} (attended and bridge are not built "
+            "yet)",
+            field="mode",
+            allowed=list(TRANSFER_MODES),
+        )
+    return body
+
+
+async def transfer_call(request: web.Request) -> web.Response:
+    """Transfer a live call (blind: REFER, RFC 3515). 202 once the REFER is on its way; the
+    outcome is the session's (``/v1/sessions/{id}``)."""
+    runtime = request.app[RUNTIME]
+    call_id = request.match_info["call_id"]
+    body = await read_transfer(request)
+    if isinstance(body, web.Response):
+        return body
+    refused = runtime.transfer(call_id, body["target"], body.get("mode"))
+    if refused is not None:
+        return json_error(
+            refused.status,
+            refused.message,
+            field=refused.field,
+            call_id=call_id,
+            **(
+                {"allowed_targets": list(runtime.transfer_settings.allowed_targets)}
+                if refused.status == 403
+                else {}
+            ),
+        )
+    return web.json_response(
+        {
+            "call_id": call_id,
+            "transferring": True,
+            "target": body["target"],
+            "mode": body.get("mode", runtime.transfer_settings.default_mode),
+            "session": f"/v1/sessions/{call_id}",
+        },
+        status=202,
+    )
 
 
 def _summary_json(summary: SessionSummary) -> dict[str, object]:
@@ -247,6 +308,18 @@ async def get_session(request: web.Request) -> web.Response:
     )
 
 
+async def get_handoff(request: web.Request) -> web.Response:
+    """What a person taking the call over needs (voicegate/control/handoff.py)."""
+    view = request.app[SESSIONS]
+    session_id = request.match_info["session_id"]
+    if view.store.get(session_id) is None:
+        return json_error(404, "no such session", session_id=session_id)
+    body = handoff(view.store, session_id, live=view.is_live(session_id))
+    if body is None:
+        return json_error(404, "no such session", session_id=session_id)
+    return web.json_response(body)
+
+
 def make_app(runtime: Runtime) -> web.Application:
     """One process's control plane (docs/openapi.yaml; the rules of http_rules.py)."""
     app = new_app()
@@ -260,6 +333,7 @@ def make_app(runtime: Runtime) -> web.Application:
     app.router.add_get("/v1/calls", list_calls, allow_head=False)
     app.router.add_get("/v1/calls/{call_id}", get_call, allow_head=False)
     app.router.add_post("/v1/calls/{call_id}/hangup", hangup_call)
+    app.router.add_post("/v1/calls/{call_id}/transfer", transfer_call)
     add_sessions_routes(app, runtime)
     return app
 
@@ -268,3 +342,4 @@ def add_sessions_routes(app: web.Application, view: SessionsView) -> None:
     app[SESSIONS] = view
     app.router.add_get("/v1/sessions", list_sessions, allow_head=False)
     app.router.add_get("/v1/sessions/{session_id}", get_session, allow_head=False)
+    app.router.add_get("/v1/sessions/{session_id}/handoff", get_handoff, allow_head=False)

@@ -4,8 +4,10 @@
   the router's own 404 and 405 included, and an unexpected exception is a JSON 500.
 - A query parameter a route does not take is refused (400, naming it), as is one given twice:
   a typo such as ``?limt=5`` must not silently mean "the default".
-- No route takes a request body: one is refused without being read (413 above
-  :data:`CLIENT_MAX_SIZE`, else 400), and ``client_max_size`` bounds any future route that reads.
+- Only the routes in :data:`JSON_BODY_ROUTES` take a request body: a small JSON object read with
+  :func:`json_object` (its fields checked, each error naming the field). Every other route
+  refuses a body without reading it (413 above :data:`CLIENT_MAX_SIZE`, else 400), and
+  ``client_max_size`` bounds what the body routes read.
 - :func:`app_runner` serves an app with timeouts a slow or idle client cannot outlast.
 
 docs/openapi.yaml describes the routes; tests/unit/test_openapi.py keeps the two in step.
@@ -25,7 +27,10 @@ QUERY_PARAMETERS: Mapping[str, frozenset[str]] = {
     "/v1/sessions": frozenset({"state", "terminal_state", "limit", "cursor"}),
 }
 
-# No route reads a body; a request's headers and line are bounded by aiohttp's own limits
+# The routes that read a JSON body, by path as registered; every other route refuses one.
+JSON_BODY_ROUTES: frozenset[str] = frozenset({"/v1/calls/{call_id}/transfer"})
+
+# The most a body route reads; a request's headers and line are bounded by aiohttp's own limits
 # (8190 bytes a line or field, 128 headers).
 CLIENT_MAX_SIZE = 4096
 
@@ -52,14 +57,15 @@ def json_error(status: int, message: str, **fields: object) -> web.Response:
 
 def _refusal(request: web.Request) -> web.Response | None:
     """Why a request that matched a route is refused before its handler runs, if it is."""
-    if request.body_exists:
+    resource = request.match_info.route.resource
+    takes_body = resource is not None and resource.canonical in JSON_BODY_ROUTES
+    if request.body_exists and not takes_body:
         length = request.content_length
         if length is not None and length > request.client_max_size:
             return json_error(
                 413, "request body too large", field="body", limit=request.client_max_size
             )
         return json_error(400, "this route takes no request body", field="body")
-    resource = request.match_info.route.resource
     allowed = QUERY_PARAMETERS.get(resource.canonical, frozenset()) if resource else frozenset()
     unknown = sorted(set(request.query) - allowed)
     if unknown:
@@ -130,3 +136,35 @@ def app_runner(
         keepalive_timeout=keepalive_timeout_s,
         lingering_time=LINGERING_TIME_S,
     )
+
+
+async def json_object(
+    request: web.Request, *, required: frozenset[str], optional: frozenset[str] = frozenset()
+) -> dict[str, str] | web.Response:
+    """The request's body as a JSON object of strings with exactly these fields, or the 400 (or
+    413) that says which field is wrong. Reads at most ``client_max_size`` bytes."""
+    if request.content_type != "application/json":
+        return json_error(
+            400, "the body must be JSON (Content-Type: application/json)", field="body"
+        )
+    try:
+        body = await request.json()
+    except web.HTTPRequestEntityTooLarge:
+        return json_error(
+            413, "request body too large", field="body", limit=request.client_max_size
+        )
+    except ValueError:
+        return json_error(400, "the body is not valid JSON", field="body")
+    if not isinstance(body, dict):
+        return json_error(400, "the body must be a JSON object", field="body")
+    allowed = required | optional
+    for name in sorted(body):
+        if name not in allowed:
+            return json_error(400, f"unknown field {name!r}", field=name, allowed=sorted(allowed))
+    for name in sorted(required):
+        if name not in body:
+            return json_error(400, f"field {name!r} is required", field=name)
+    for name, value in body.items():
+        if not isinstance(value, str):
+            return json_error(400, f"field {name!r} must be a string", field=name)
+    return dict(body)

@@ -15,7 +15,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest, multiprocess
 
-from voicegate.control.http_api import add_sessions_routes, prometheus_response
+from voicegate.control.http_api import add_sessions_routes, prometheus_response, read_transfer
 from voicegate.control.http_rules import json_error, new_app
 from voicegate.control.status_page import status_page
 from voicegate.pool.supervisor import Supervisor, Worker, WorkerState
@@ -64,12 +64,12 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def _ask(
-    sup: Supervisor, worker: Worker, method: str, path: str
+    sup: Supervisor, worker: Worker, method: str, path: str, body: object = None
 ) -> tuple[int, object] | None:
-    """One request to a worker's control port; None if it does not answer."""
+    """One request to a worker's control port (``body`` as JSON); None if it does not answer."""
     try:
         async with sup.http().request(
-            method, worker.slot.control_url + path, timeout=_WORKER_TIMEOUT
+            method, worker.slot.control_url + path, json=body, timeout=_WORKER_TIMEOUT
         ) as resp:
             return resp.status, await resp.json()
     except (aiohttp.ClientError, TimeoutError, ValueError):
@@ -131,13 +131,27 @@ async def get_call(request: web.Request) -> web.Response:
 
 
 async def hangup_call(request: web.Request) -> web.Response:
+    return await _forward(request, "hangup")
+
+
+async def transfer_call(request: web.Request) -> web.Response:
+    """The body is checked here (400 names the field) and sent on to the call's worker, whose
+    answer (202, 403, 409) is the answer."""
+    body = await read_transfer(request)
+    if isinstance(body, web.Response):
+        return body
+    return await _forward(request, "transfer", body)
+
+
+async def _forward(request: web.Request, action: str, body: object = None) -> web.Response:
+    """A per-call command, sent to the worker that owns the call's session."""
     sup = request.app[SUPERVISOR]
     call_id = request.match_info["call_id"]
     worker, refusal = _owning_worker(sup, call_id)
     if refusal is not None:
         return refusal
     assert worker is not None
-    answer = await _ask(sup, worker, "POST", f"/v1/calls/{call_id}/hangup")
+    answer = await _ask(sup, worker, "POST", f"/v1/calls/{call_id}/{action}", body)
     if answer is None:
         return json_error(502, "the call's worker did not answer", worker=worker.slot.name)
     status, body = answer
@@ -158,5 +172,6 @@ def make_pool_app(supervisor: Supervisor) -> web.Application:
     app.router.add_get("/v1/calls", list_calls, allow_head=False)
     app.router.add_get("/v1/calls/{call_id}", get_call, allow_head=False)
     app.router.add_post("/v1/calls/{call_id}/hangup", hangup_call)
+    app.router.add_post("/v1/calls/{call_id}/transfer", transfer_call)
     add_sessions_routes(app, supervisor)
     return app

@@ -21,6 +21,12 @@ from prometheus_client import (
 from agents.base import AGENT_CALLS, RESPONSE_ENDINGS
 from session.vocabulary import Interruption, Outcome, RecoveryOutcome, Terminal
 
+# Transfers (voicegate/call/transfer.py): how each one ended, per mode (only blind is built), and
+# the class of each NOTIFY sipfrag status (or REFER refusal) it got; closed vocabularies.
+TRANSFER_MODES = ("blind",)
+TRANSFER_OUTCOMES = ("completed", "refused", "failed", "timed_out", "caller_left")
+NOTIFY_CLASSES = ("1xx", "2xx", "3xx", "4xx", "5xx", "6xx")
+
 
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
@@ -236,6 +242,35 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.transfers = Counter(
+            "voicegate_transfers_total",
+            "Transfers by mode and outcome (completed, refused: the REFER was, failed: the final "
+            "NOTIFY was not 2xx, timed_out: no final NOTIFY in transfer.notify_timeout_s, "
+            "caller_left: the caller's BYE came first)",
+            ["mode", "outcome"],
+            registry=r,
+        )
+        self.transfer_notifies = Counter(
+            "voicegate_transfer_notifies_total",
+            "Transfer progress reports: each NOTIFY's sipfrag status, or the REFER's own "
+            "refusal, by status class and whether it was final",
+            ["status_class", "final"],
+            registry=r,
+        )
+        self.inbound_refers = Counter(
+            "voicegate_inbound_refers_total",
+            "REFERs from the caller's side: followed (allowed target) or refused (403)",
+            ["result"],
+            registry=r,
+        )
+        for mode in TRANSFER_MODES:
+            for transfer_outcome in TRANSFER_OUTCOMES:
+                self.transfers.labels(mode, transfer_outcome)
+        for status_class in NOTIFY_CLASSES:
+            for final in ("true", "false"):
+                self.transfer_notifies.labels(status_class, final)
+        for result in ("followed", "refused"):
+            self.inbound_refers.labels(result)
         for outcome in Terminal:
             self.calls.labels(outcome)
             self.sessions_ended.labels(outcome)

@@ -1,0 +1,248 @@
+"""Blind transfer end to end (RFC 3515, RFC 5589 section 6): real SIPp legs playing the
+transferee against a real ``voicegate serve``. Each records the session's terminal state and
+what the transfer did; the scenarios' headers say what the server must do on the wire."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tests.integration.harness import Provider, Server, ServerFactory, Sipp, wait_for
+
+CC = "sip:desk@cc.example.com"
+ENV = {
+    "VOICEGATE_TRANSFER_ALLOWED_TARGETS": "sip:*@cc.example.com",
+    "VOICEGATE_TRANSFER_DEFAULT_TARGET": CC,
+}
+
+
+def _one_session(server: Server) -> dict[str, Any]:
+    sessions = wait_for(
+        lambda: [s for s in server.sessions() if s["ended"]], 10, "the session to end"
+    )
+    assert len(server.sessions()) == 1, sessions
+    return sessions[0]
+
+
+def _events(session: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+    return [e for e in session["events"] if e["type"] == kind]
+
+
+def _said(session: dict[str, Any]) -> list[str]:
+    return [x["prompt"] for e in session["events"] for x in e["effects"] if x["kind"] == "say"]
+
+
+def _answered_call(server: Server) -> str:
+    calls = wait_for(
+        lambda: [c for c in server.live_calls() if c["state"] == "answered" and c["media"]],
+        10,
+        "an answered call",
+    )
+    call_id: str = calls[0]["call_id"]
+    # The agent has started (its greeting is playing) once the call has frames going out.
+    wait_for(lambda: any((c["frames_out"] or 0) > 10 for c in server.live_calls()), 10, "media out")
+    return call_id
+
+
+def test_a_blind_transfer_completes_after_the_final_notify_with_the_context_on_the_wire(
+    server_factory: ServerFactory, tmp_path: Path
+) -> None:
+    server = server_factory(**ENV)
+    sipp = Sipp("uac-transfer-blind.xml", server.sip_target, tmp_path)
+    assert sipp.run() == 0, sipp.errors()  # the Refer-To's UUI and X- header were checked there
+    session = _one_session(server)
+    assert session["ended"]["terminal_state"] == "completed"
+    assert session["ended"]["reason"] == "transferred"
+    assert [e["payload"]["target"] for e in _events(session, "transfer_started")] == [CC]
+    assert [e["payload"]["status"] for e in _events(session, "transfer_progress")] == [100, 100]
+    (finished,) = _events(session, "transfer_finished")
+    assert finished["payload"]["ok"] is True and finished["payload"]["status"] == 200
+    assert any(x["kind"] == "hang_up" for x in finished["effects"])  # our BYE, after the 200
+    assert server.metric("voicegate_transfers_total", mode="blind", outcome="completed") == 1
+    assert server.metric("voicegate_transfer_notifies_total", status_class="2xx", final="true") == 1
+    status, handoff = server.http(f"/v1/sessions/{session['session_id']}/handoff")
+    assert status == 200
+    assert handoff["why"] == "transferred" and handoff["state"] == "completed"
+    assert handoff["transfer"] == {"target": CC, "last_status": 200}
+    assert handoff["unknown"] == []
+
+
+def test_a_declined_refer_from_the_api_gives_the_caller_back_to_the_agent(
+    server_factory: ServerFactory, tmp_path: Path
+) -> None:
+    server = server_factory(**ENV)
+    sipp = Sipp("uac-transfer-refused.xml", server.sip_target, tmp_path).start()
+    call_id = _answered_call(server)
+    status, body = server.post_json(f"/v1/calls/{call_id}/transfer", {"target": CC})
+    assert status == 202, body
+    assert body == {
+        "call_id": call_id,
+        "transferring": True,
+        "target": CC,
+        "mode": "blind",
+        "session": f"/v1/sessions/{call_id}",
+    }
+    assert sipp.wait() == 0, sipp.errors()
+    session = _one_session(server)
+    assert (session["ended"]["terminal_state"], session["ended"]["reason"]) == (
+        "completed",
+        "caller hung up",
+    )
+    (finished,) = _events(session, "transfer_finished")
+    assert (finished["payload"]["ok"], finished["payload"]["status"]) == (False, 603)
+    assert "transfer_failed" in _said(session)
+    assert server.metric("voicegate_transfers_total", mode="blind", outcome="refused") == 1
+
+
+def test_a_final_notify_486_gives_the_caller_back_to_the_agent(
+    server_factory: ServerFactory, tmp_path: Path
+) -> None:
+    server = server_factory(**ENV)
+    sipp = Sipp("uac-transfer-notify-486.xml", server.sip_target, tmp_path)
+    assert sipp.run() == 0, sipp.errors()
+    session = _one_session(server)
+    assert (session["ended"]["terminal_state"], session["ended"]["reason"]) == (
+        "completed",
+        "caller hung up",
+    )
+    (finished,) = _events(session, "transfer_finished")
+    assert (finished["payload"]["ok"], finished["payload"]["status"]) == (False, 486)
+    assert "transfer_failed" in _said(session)
+    assert server.metric("voicegate_transfers_total", mode="blind", outcome="failed") == 1
+    assert server.metric("voicegate_transfer_notifies_total", status_class="4xx", final="true") == 1
+
+
+def test_no_final_notify_within_the_guard_gives_the_caller_back(
+    server_factory: ServerFactory, tmp_path: Path
+) -> None:
+    server = server_factory(**ENV, VOICEGATE_TRANSFER_NOTIFY_TIMEOUT_S="2")
+    sipp = Sipp("uac-transfer-no-notify.xml", server.sip_target, tmp_path)
+    assert sipp.run() == 0, sipp.errors()
+    session = _one_session(server)
+    assert (session["ended"]["terminal_state"], session["ended"]["reason"]) == (
+        "completed",
+        "caller hung up",
+    )
+    assert not _events(session, "transfer_finished")
+    guard = [
+        e for e in _events(session, "deadline_fired") if e["payload"]["name"] == "transfer_notify"
+    ]
+    assert len(guard) == 1 and "transfer_failed" in _said(session)
+    assert server.metric("voicegate_transfers_total", mode="blind", outcome="timed_out") == 1
+
+
+def test_a_bye_racing_the_final_notify_ends_the_session_once(
+    server_factory: ServerFactory, tmp_path: Path
+) -> None:
+    server = server_factory(**ENV)
+    sipp = Sipp("uac-transfer-bye-race.xml", server.sip_target, tmp_path)
+    assert sipp.run() == 0, sipp.errors()  # no BYE of ours reached the gone dialog
+    session = _one_session(server)
+    assert session["ended"]["terminal_state"] == "completed"
+    # Whichever the server saw first: the final NOTIFY (transferred), or the BYE.
+    assert session["ended"]["reason"] in (
+        "transferred",
+        "caller left during transfer (last NOTIFY 100)",
+    )
+    enders = [e for e in session["events"] if any(x["kind"] == "finished" for x in e["effects"])]
+    assert len(enders) == 1
+
+
+def test_an_inbound_refer_is_refused_by_default(server: Server, tmp_path: Path) -> None:
+    sipp = Sipp("uac-inbound-refer.xml", server.sip_target, tmp_path)
+    assert sipp.run() == 0, sipp.errors()  # 403, and the call went on
+    session = _one_session(server)
+    assert (session["ended"]["terminal_state"], session["ended"]["reason"]) == (
+        "completed",
+        "caller hung up",
+    )
+    assert server.metric("voicegate_inbound_refers_total", result="refused") == 1
+    assert server.metric("voicegate_inbound_refers_total", result="followed") == 0
+    assert "19005550100" not in server.log()  # masked: only the last digits are logged
+
+
+def test_the_api_refuses_a_target_outside_allowed_targets_and_changes_nothing(
+    server_factory: ServerFactory, tmp_path: Path
+) -> None:
+    server = server_factory(**ENV)
+    sipp = Sipp("uac-wait-for-bye.xml", server.sip_target, tmp_path).start()
+    call_id = _answered_call(server)
+    path = f"/v1/calls/{call_id}/transfer"
+    status, body = server.post_json(path, {"target": "sip:+19005550100@premium.example"})
+    assert status == 403, body
+    assert body["field"] == "target" and body["allowed_targets"] == ["sip:*@cc.example.com"]
+    status, body = server.post_json(path, {"target": CC, "mode": "bridge"})
+    assert (status, body["field"]) == (400, "mode")
+    status, body = server.post_json("/v1/calls/nope/transfer", {"target": CC})
+    assert (status, body["call_id"]) == (404, "nope")
+    assert server.post(f"/v1/calls/{call_id}/hangup") == 202
+    assert sipp.wait() == 0, sipp.errors()
+    session = _one_session(server)
+    assert session["ended"]["terminal_state"] == "canceled"
+    assert not _events(session, "transfer_started")
+
+
+def test_a_transfer_during_a_payment_never_sends_the_payment_again(
+    server_factory: ServerFactory, tmp_path: Path
+) -> None:
+    provider = Provider(tmp_path / "provider").start()
+    try:
+        # The charge takes 3 s at the provider: the transfer comes while it is on the wire.
+        provider.set_faults(charge_delay_s=3.0)
+        server = server_factory(**ENV, **provider.tool_env(timeout_s=5.0))
+        sipp = Sipp("uac-transfer-during-payment.xml", server.sip_target, tmp_path).start()
+        call_id = _answered_call(server)
+        wait_for(
+            lambda: any(
+                e["type"] == "tool_request_sent"
+                for e in server.http(f"/v1/sessions/{call_id}")[1]["events"]
+            ),
+            20,
+            "the charge on the wire",
+        )
+        status, body = server.post_json(f"/v1/calls/{call_id}/transfer", {"target": CC})
+        assert status == 202, body
+        assert sipp.wait() == 0, sipp.errors()
+        session = _one_session(server)
+        assert session["ended"]["terminal_state"] == "needs_human"
+        assert session["ended"]["stage"] == "transfer"
+        # The provider finishes the one charge it got; nothing sends it again.
+        wait_for(lambda: provider.charges(), 10, "the provider to finish the charge")
+        assert len(provider.charges()) == 1
+        assert len(_events(session, "tool_request_sent")) == 1
+        status, handoff = server.http(f"/v1/sessions/{call_id}/handoff")
+        assert status == 200
+        (charge,) = handoff["tool_calls"]
+        assert charge["tool"] == "charge" and charge["arguments"]["amount_cents"] == 59
+        assert handoff["unknown"] == [f"whether tool call {charge['key']} (charge) took effect"]
+    finally:
+        provider.stop()
+
+
+def test_needs_human_hands_the_caller_to_the_human_target_instead_of_hanging_up(
+    server_factory: ServerFactory, tmp_path: Path
+) -> None:
+    provider = Provider(tmp_path / "provider").start()
+    try:
+        # The charge's outcome stays unknown: the session ends needs_human (reconciliation).
+        provider.set_faults(charge_delay_s=6.0, status_unknown=True)
+        server = server_factory(
+            **ENV,
+            **provider.tool_env(timeout_s=1.0),
+            VOICEGATE_TRANSFER_HUMAN_TARGET="sip:supervisor@cc.example.com",
+            VOICEGATE_SESSION_RECONCILE_TIMEOUT_S="2",
+            VOICEGATE_SESSION_STATUS_ATTEMPTS="3",
+        )
+        # The same transferee leg: it gets the REFER (context checked), NOTIFYs 100 and 200, and
+        # only then our BYE.
+        sipp = Sipp("uac-transfer-during-payment.xml", server.sip_target, tmp_path)
+        assert sipp.run() == 0, sipp.errors()
+        session = _one_session(server)
+        ended = session["ended"]
+        assert (ended["terminal_state"], ended["stage"]) == ("needs_human", "reconciliation")
+        handoffs = [e for e in server.log_events() if e.get("event") == "transfer.handoff"]
+        assert len(handoffs) == 1 and handoffs[0]["call_id"] == session["session_id"]
+        assert server.metric("voicegate_transfers_total", mode="blind", outcome="completed") == 1
+        wait_for(lambda: len(provider.charges()) == 1, 10, "the slow charge to land")
+    finally:
+        provider.stop()

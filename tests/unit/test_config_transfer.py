@@ -1,0 +1,80 @@
+"""The [transfer] section: targets are SIP URIs, allowed_targets is the only way out, and a
+configured target the patterns refuse is caught at load time, not on the first transfer."""
+
+from __future__ import annotations
+
+import pytest
+
+from config import ConfigError, load_settings
+from config.settings import target_allowed
+
+
+def _error(**env: str) -> str:
+    with pytest.raises(ConfigError) as err:
+        load_settings(environ=env)
+    return str(err.value)
+
+
+def test_defaults_allow_no_target_and_refuse_inbound_refer() -> None:
+    t = load_settings(environ={}).transfer
+    assert t.allowed_targets == ()
+    assert not t.allows("sip:desk@callcentre.example.com")
+    assert t.accept_inbound_refer is False
+    assert t.default_mode == "blind"
+
+
+def test_targets_and_patterns_load_from_the_environment() -> None:
+    t = load_settings(
+        environ={
+            "VOICEGATE_TRANSFER_ALLOWED_TARGETS": "sip:*@cc.example.com,sip:+4930*@carrier.example",
+            "VOICEGATE_TRANSFER_DEFAULT_TARGET": "sip:desk@cc.example.com",
+            "VOICEGATE_TRANSFER_HUMAN_TARGET": "sip:supervisor@CC.example.com",
+        }
+    ).transfer
+    assert t.allows("sip:desk@cc.example.com")
+    assert t.allows("SIP:Desk@CC.Example.com")  # case-insensitive
+    assert t.allows("sip:+4930123@carrier.example")
+    assert not t.allows("sip:+1900555@carrier.example")
+    assert not t.allows("sip:desk@cc.example.com.evil.example")
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "desk@cc.example.com",
+        "<sip:desk@cc.example.com>",
+        "sip:desk@cc?X-A=1",
+        "sip:a b@c",
+        "tel:+1",
+    ],
+)
+def test_a_target_that_is_not_a_bare_sip_uri_is_refused(value: str) -> None:
+    message = _error(VOICEGATE_TRANSFER_DEFAULT_TARGET=value)
+    assert "transfer.default_target" in message
+    assert "a SIP URI" in message
+
+
+def test_a_pattern_that_is_not_a_sip_uri_is_refused() -> None:
+    message = _error(VOICEGATE_TRANSFER_ALLOWED_TARGETS="*")
+    assert "transfer.allowed_targets" in message
+    assert "not a SIP URI pattern" in message
+
+
+def test_only_blind_transfer_is_accepted_for_now() -> None:
+    message = _error(VOICEGATE_TRANSFER_DEFAULT_MODE="attended")
+    assert "transfer.default_mode" in message
+    assert "blind" in message
+
+
+def test_a_configured_target_outside_allowed_targets_is_refused_at_load_time() -> None:
+    message = _error(
+        VOICEGATE_TRANSFER_ALLOWED_TARGETS="sip:*@cc.example.com",
+        VOICEGATE_TRANSFER_HUMAN_TARGET="sip:boss@elsewhere.example",
+    )
+    assert "transfer.human_target" in message
+    assert "matches no pattern of allowed_targets" in message
+
+
+def test_matching_ignores_surrounding_space_only() -> None:
+    assert target_allowed(" sip:a@b ", ("sip:*@b",))
+    assert not target_allowed("sip:a@b;x=1", ("sip:a@b",))

@@ -1,0 +1,132 @@
+"""A blind transfer in the session machine (RFC 3515, RFC 5589 section 6): the gate freezes and
+the response is cut, the NOTIFYs' progress is recorded, a final 2xx ends the session completed
+with our BYE, a failure or a missing final NOTIFY takes the caller back to the agent with an
+honest line, and a BYE that overtakes the final NOTIFY ends the session once."""
+
+from __future__ import annotations
+
+import pytest
+
+from session import effects as fx
+from session import events as ev
+from session.machine import IllegalTransition, step
+from session.state import Gate, SessionState, Signaling
+
+SID = "sess-t"
+POLICY = {"recovery_timeout_s": 10.0, "max_duration_s": 600.0, "transfer_timeout_s": 30.0}
+TARGET = "sip:desk@cc.example.com"
+
+
+def fold(*timed: tuple[ev.Event, float]) -> tuple[SessionState, list[fx.Effect]]:
+    state, effects = SessionState(SID), []
+    for event, at in timed:
+        state, effects = step(state, event, at)
+    return state, effects
+
+
+UP = ((ev.CallOffered("+15550001234", "svc", POLICY), 0.0), (ev.CallAnswered(), 1.0))
+SPEAKING = (*UP, (ev.TurnStarted("t1"), 2.0), (ev.TurnCommitted("t1"), 2.5))
+SPEAKING = (*SPEAKING, (ev.ResponseStarted("r1", "t1"), 3.0))
+STARTED = (*SPEAKING, (ev.TransferStarted(TARGET), 10.0))
+
+
+def test_starting_freezes_the_gate_cuts_the_response_and_arms_the_notify_guard() -> None:
+    state, effects = fold(*STARTED)
+    assert state.signaling is Signaling.TRANSFERRING and state.gate is Gate.FROZEN
+    assert state.response is None and state.transfer_target == TARGET
+    assert fx.CancelResponse("r1") in effects and fx.ClearPlayout(1) in effects
+    # The guard decides, not the recovery's deadline, and nobody says "reconnecting".
+    assert fx.ScheduleTimer("transfer_notify", 40.0, 1) in effects
+    assert fx.StartRecovery(1, "transfer", 45.0) in effects
+    assert not any(isinstance(e, fx.ScheduleTimer) and e.name == "honesty" for e in effects)
+
+
+def test_progress_is_recorded_and_a_final_2xx_ends_completed_with_our_bye() -> None:
+    state, _ = fold(*STARTED, (ev.TransferProgress(100), 10.5), (ev.TransferProgress(180), 11.0))
+    assert state.transfer_status == 180
+    state, effects = step(state, ev.TransferFinished(1, ok=True, status=200), 12.0)
+    assert state.ended is not None
+    assert (state.ended.terminal_state, state.ended.reason) == ("completed", "transferred")
+    assert state.transfer_status == 200 and state.transfer_target == TARGET
+    # The BYE goes only now, and no prompt is played to a caller who talks to someone else.
+    assert fx.HangUp("transferred") in effects
+    assert not any(isinstance(e, fx.Say) for e in effects)
+    assert fx.CancelTimer("transfer_notify") in effects
+
+
+@pytest.mark.parametrize("status", [603, 486, 503])
+def test_a_refused_or_failed_transfer_takes_the_caller_back_with_an_honest_line(
+    status: int,
+) -> None:
+    state, effects = fold(*STARTED, (ev.TransferFinished(1, ok=False, status=status), 12.0))
+    assert state.ended is None and state.signaling is Signaling.UP
+    assert state.gate is Gate.OPEN and state.recovery is None
+    assert state.transfer_status == status
+    assert effects[-2:] == [
+        fx.Say("transfer_failed"),
+        fx.NotifyAgent("transfer_failed", str(status)),
+    ]
+    assert fx.NotifyAgent("resumed", "transfer") in effects
+    assert fx.CancelTimer("transfer_notify") in effects
+    assert not any(isinstance(e, fx.HangUp) for e in effects)
+    # The agent may speak again at once.
+    step(state, ev.TurnStarted("t2"), 13.0)
+
+
+def test_no_final_notify_within_the_guard_takes_the_caller_back_and_a_late_one_is_stale() -> None:
+    state, _ = fold(*STARTED, (ev.TransferProgress(100), 10.5))
+    state, effects = step(state, ev.DeadlineFired("transfer_notify", 1), 40.0)
+    assert state.ended is None and state.signaling is Signaling.UP and state.gate is Gate.OPEN
+    assert fx.Say("transfer_failed") in effects and state.transfer_status == 408
+    late, effects = step(state, ev.TransferFinished(1, ok=True, status=200), 41.0)
+    assert late.ended is None and effects == [
+        fx.StaleEventIgnored("transfer_finished", "no transfer is in progress")
+    ]
+
+
+def test_a_bye_before_the_final_notify_ends_the_session_once() -> None:
+    state, effects = fold(*STARTED, (ev.TransferProgress(100), 10.5), (ev.CallerHangup(), 11.0))
+    assert state.ended is not None
+    assert state.ended.terminal_state == "completed"
+    assert state.ended.reason == "caller left during transfer (last NOTIFY 100)"
+    assert not any(isinstance(e, fx.HangUp) for e in effects)  # the caller's BYE ended it
+    with pytest.raises(IllegalTransition):
+        step(state, ev.TransferFinished(1, ok=True, status=200), 11.1)
+
+
+def test_a_bye_after_the_final_notify_changes_nothing() -> None:
+    state, _ = fold(*STARTED, (ev.TransferFinished(1, ok=True, status=200), 11.0))
+    with pytest.raises(IllegalTransition):
+        step(state, ev.CallerHangup(), 11.01)
+    assert state.ended is not None and state.ended.reason == "transferred"
+
+
+def test_an_outstanding_payment_is_never_assumed_by_a_transfer() -> None:
+    state, effects = fold(
+        *UP,
+        (ev.ToolIntent("k1", "charge", "write", "d1", ""), 2.0),
+        (ev.ToolRequestSent("k1"), 2.1),
+        (ev.TransferStarted(TARGET), 3.0),
+    )
+    # The request on the wire is abandoned, never resent; its intent stays for reconciliation.
+    assert fx.CancelToolCalls(("k1",)) in effects
+    assert not any(isinstance(e, fx.SendToolRequest) for e in effects)
+    state, effects = step(state, ev.TransferFinished(1, ok=True, status=200), 4.0)
+    assert state.ended is not None and state.ended.terminal_state == "needs_human"
+    assert state.ended.stage == "transfer"
+    assert fx.PersistOutstanding(("k1",)) in effects
+    assert not any(isinstance(e, fx.SendToolRequest) for e in effects)
+
+
+def test_a_transfer_during_a_recovery_is_refused_and_changes_nothing() -> None:
+    state, _ = fold(*UP, (ev.MediaLost(), 5.0))
+    with pytest.raises(IllegalTransition, match="the call is recovering"):
+        step(state, ev.TransferStarted(TARGET), 6.0)
+
+
+def test_old_checkpoints_without_transfer_fields_still_load() -> None:
+    state, _ = fold(*STARTED)
+    data = state.to_dict()
+    del data["transfer_target"], data["transfer_status"]
+    loaded = SessionState.from_dict(data)
+    assert loaded.transfer_target == "" and loaded.signaling is Signaling.TRANSFERRING

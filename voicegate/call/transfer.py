@@ -1,0 +1,238 @@
+"""A call's blind transfer (RFC 3515, RFC 5589 section 6), from the request to the outcome.
+
+Who may ask: the control API, the agent (``CallControl.transfer``), the demo agent's key 0, and
+the session's own needs_human ending when ``transfer.human_target`` is set (the handoff). The
+session machine decides what each outcome means (session/machine.py: the gate, the guard, the
+honest line); this module checks a request, sends the REFER once the TransferStarted step is
+durable, and turns pjsua's progress reports into session events.
+
+The handoff happens after the session has ended needs_human (it is already terminal, so nothing
+more is logged as session events): the caller hears ``handoff`` instead of the goodbye, the REFER
+goes to the human target with the same context headers, and the BYE follows the final NOTIFY or
+the guard, whichever comes first.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from config.settings import TRANSFER_MODES, TransferSettings
+from session import events as sev
+from session.state import Signaling
+from telephony import events as ev
+from telephony.sip_message import mask_uri
+from telephony.transfer import context_headers
+from voicegate.call.acting import SessionSteps
+from voicegate.call.call_state import CallPhase, CallState
+from voicegate.call.clock import SessionClock
+from voicegate.call.hangup import HangingUp
+from voicegate.call.services import CallServices
+from voicegate.call.timers import SessionTimers
+
+log = logging.getLogger("voicegate.call")
+
+HANDOFF_TIMER = "handoff_notify"
+MODE = "blind"
+
+
+@dataclass(frozen=True, slots=True)
+class TransferRefused:
+    """Why a transfer request changed nothing: ``status`` is the HTTP answer the control API
+    gives (400 bad field, 403 target not allowed, 409 not now), ``field`` the field concerned."""
+
+    status: int
+    message: str
+    field: str = ""
+
+
+def status_class(status: int) -> str:
+    return f"{min(max(status // 100, 1), 6)}xx"
+
+
+class CallTransfer:
+    def __init__(
+        self,
+        state: CallState,
+        services: CallServices,
+        steps: SessionSteps,
+        hangup: HangingUp,
+        timers: SessionTimers,
+        clock: SessionClock,
+    ) -> None:
+        self._state = state
+        self._services = services
+        self._steps = steps
+        self._hangup = hangup
+        self._timers = timers
+        self._clock = clock
+        self._accepted = False  # the REFER of the transfer in progress got its 2xx
+        self._handoff: str | None = None  # the human target a handoff went to
+        self._handoff_done = False
+        hangup.before_bye = self._maybe_hand_off
+
+    @property
+    def settings(self) -> TransferSettings:
+        return self._services.transfer_settings
+
+    # --- requests --------------------------------------------------------------------------------
+
+    def check(self, target: str | None, mode: str | None) -> tuple[str, TransferRefused | None]:
+        """The target a request resolves to, and why it is refused, if it is (changes nothing)."""
+        settings = self.settings
+        if mode is not None and mode not in TRANSFER_MODES:
+            return "", TransferRefused(
+                400,
+                f"mode must be one of {', '.join(TRANSFER_MODES)} (attended and bridge "
+                "are not built yet)",
+                "mode",
+            )
+        target = (target or settings.default_target).strip()
+        if not target:
+            return "", TransferRefused(
+                409, "no target given and transfer.default_target is unset", "target"
+            )
+        if not settings.allows(target):
+            return target, TransferRefused(
+                403, "target is not in transfer.allowed_targets", "target"
+            )
+        state = self._state.session_state
+        if self._state.phase is not CallPhase.ANSWERED or state is None or state.terminal:
+            return target, TransferRefused(409, "the call is not answered", "call_id")
+        if state.signaling is Signaling.TRANSFERRING:
+            return target, TransferRefused(409, "a transfer is already in progress", "call_id")
+        if state.signaling is not Signaling.UP or state.recovery is not None:
+            return target, TransferRefused(
+                409, f"the call cannot be transferred now ({state.status()})", "call_id"
+            )
+        return target, None
+
+    def start(self, target: str | None = None, mode: str | None = None) -> TransferRefused | None:
+        """Start a blind transfer; None once it is under way (the REFER follows the durable
+        TransferStarted), else why not."""
+        target, refused = self.check(target, mode)
+        if refused is not None:
+            log.info(
+                "transfer.refused",
+                extra={
+                    "call_id": self._state.call_id,
+                    "why": refused.message,
+                    "target": mask_uri(target),
+                },
+            )
+            return refused
+        if not self._steps.try_apply(sev.TransferStarted(target)):
+            return TransferRefused(409, "the session refused the transfer now", "call_id")
+        self._accepted = False
+        log.info(
+            "transfer.started",
+            extra={"call_id": self._state.call_id, "target": mask_uri(target), "mode": MODE},
+        )
+        self._after_durable(lambda: self._send_refer(target))
+        return None
+
+    def _after_durable(self, then: object) -> None:
+        assert callable(then)
+        write = self._steps.last_write
+        if write is None or write.done():
+            then()
+        else:
+            write.add_done_callback(lambda f: self._steps.from_writer(lambda _: then(), f))
+
+    def _send_refer(self, target: str) -> None:
+        headers = context_headers(self._state.call_id)
+        self._services.submit(ev.Transfer(self._state.call_id, target, headers))
+
+    # --- progress --------------------------------------------------------------------------------
+
+    def status(self, report: ev.TransferStatus) -> None:
+        """pjsua's report of the REFER we sent: progress, or the transfer's outcome."""
+        metrics = self._services.metrics
+        metrics.transfer_notifies.labels(
+            status_class(report.status), "true" if report.final else "false"
+        ).inc()
+        log.info(
+            "transfer.progress",
+            extra={
+                "call_id": self._state.call_id,
+                "status": report.status,
+                "final": report.final,
+            },
+        )
+        if self._handoff is not None:
+            if report.final:
+                self._end_handoff(self._outcome(report))
+            elif report.status == 100:
+                self._accepted = True
+            return
+        state = self._state.session_state
+        if state is None or state.signaling is not Signaling.TRANSFERRING or state.recovery is None:
+            return  # late: the guard took the caller back, or the call is over
+        if not report.final:
+            if report.status == 100 and not self._accepted:
+                self._accepted = True  # the REFER's 2xx (pjsua reports it as 100 Accepted)
+            self._steps.try_apply(sev.TransferProgress(report.status))
+            return
+        ok = 200 <= report.status < 300
+        if self._steps.try_apply(
+            sev.TransferFinished(state.recovery.generation, ok=ok, status=report.status)
+        ):
+            metrics.transfers.labels(MODE, self._outcome(report)).inc()
+
+    def _outcome(self, report: ev.TransferStatus) -> str:
+        if 200 <= report.status < 300:
+            return "completed"
+        return "failed" if self._accepted else "refused"
+
+    def guard_fired(self, was_transferring: bool) -> None:
+        """The session's NOTIFY guard went off (its step is applied by the call's task)."""
+        state = self._state.session_state
+        if was_transferring and state is not None and state.signaling is Signaling.UP:
+            self._services.metrics.transfers.labels(MODE, "timed_out").inc()
+            log.warning("transfer.timed_out", extra={"call_id": self._state.call_id})
+
+    def caller_left(self, was_transferring: bool) -> None:
+        if was_transferring:
+            self._services.metrics.transfers.labels(MODE, "caller_left").inc()
+
+    # --- the needs_human handoff -----------------------------------------------------------------
+
+    def hands_off(self) -> bool:
+        """Whether an ending that leaves outcomes unknown goes to a person (not just goodbye)."""
+        return bool(self.settings.human_target) and self._state.phase is CallPhase.ANSWERED
+
+    def prompt(self, name: str) -> str:
+        """The prompt a session Say plays: an unknown outcome is told the handoff instead."""
+        return "handoff" if name == "outcome_unknown" and self.hands_off() else name
+
+    def _maybe_hand_off(self) -> bool:
+        """Called before our BYE: True if a handoff takes its place (the BYE comes later)."""
+        state = self._state.session_state
+        if self._handoff_done or self._handoff is not None or state is None:
+            return False
+        if not (state.terminal and state.outstanding and self.hands_off()):
+            return False
+        target = self._handoff = self.settings.human_target
+        self._accepted = False
+        log.info(
+            "transfer.handoff",
+            extra={"call_id": self._state.call_id, "target": mask_uri(target), "mode": MODE},
+        )
+        self._send_refer(target)
+        self._timers.arm(HANDOFF_TIMER, self._clock.now() + self.settings.notify_timeout_s, 0, 0)
+        return True
+
+    def handoff_timed_out(self) -> None:
+        if self._handoff is not None and not self._handoff_done:
+            self._end_handoff("timed_out")
+
+    def _end_handoff(self, outcome: str) -> None:
+        self._handoff_done = True
+        self._timers.cancel(HANDOFF_TIMER)
+        self._services.metrics.transfers.labels(MODE, outcome).inc()
+        log.info(
+            "transfer.handoff_ended", extra={"call_id": self._state.call_id, "outcome": outcome}
+        )
+        # RFC 5589 section 6: the transferor's BYE; after a failure there is nobody else to
+        # hand the caller to, and the caller already heard why.
+        self._hangup.bye_now()

@@ -1,0 +1,97 @@
+"""``GET /v1/sessions/{id}/handoff``: what a person taking over a call needs, from the store.
+
+Who called (masked, as the session's metadata keeps it), why the session is where it is, what the
+caller heard last, every tool call with its receipt, and what is not known. It reads only the
+store, so the pool's supervisor serves it too (voicegate/control/http_api.py adds the route to
+both apps). The call centre finds the session from the ``X-Voicegate-Session`` header (or the
+``User-to-User`` payload) of the transferred INVITE (docs/transfer.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from session.durable import DurableSession
+from session.store import EventRecord, SessionStore
+from telephony.sip_message import mask_uri
+
+
+def _heard_last(events: list[EventRecord]) -> dict[str, Any]:
+    """The last thing played to the caller: a session prompt, or an agent's response (and how
+    much of it was heard)."""
+    last: dict[str, Any] = {"prompt": None, "response_id": None, "heard_ms": None, "at": None}
+    for record in events:
+        if record.type in ("response_finished", "response_interrupted"):
+            last = {
+                "prompt": None,
+                "response_id": record.payload.get("response_id"),
+                "heard_ms": record.payload.get("heard_ms"),
+                "interrupted": record.type == "response_interrupted",
+                "at": record.at,
+            }
+        for effect in record.effects:
+            if effect.get("kind") == "say":
+                last = {"prompt": effect.get("prompt"), "response_id": None, "at": record.at}
+    return last
+
+
+def handoff(store: SessionStore, session_id: str, *, live: bool) -> dict[str, Any] | None:
+    """The handoff summary of ``session_id``, or None if there is no such session."""
+    summary = store.get(session_id)
+    if summary is None:
+        return None
+    state = DurableSession.load(store, session_id).state
+    events = list(store.events(session_id))
+    tool_calls = []
+    unknown = []
+    outstanding = set(state.outstanding_keys())
+    for record in events:
+        if record.type != "tool_intent":
+            continue
+        key = str(record.payload.get("key", ""))
+        receipt = store.receipt(key)
+        tool_calls.append(
+            {
+                "key": key,
+                "tool": record.payload.get("tool"),
+                "kind": record.payload.get("kind"),
+                "turn_id": record.payload.get("turn_id"),
+                "arguments": dict(record.payload.get("arguments") or {}),
+                "requested_at": record.at,
+                "receipt": None
+                if receipt is None
+                else {"outcome": receipt.outcome, "detail": dict(receipt.detail), "at": receipt.at},
+            }
+        )
+        if key in outstanding or (receipt is not None and receipt.outcome == "unknown"):
+            unknown.append(f"whether tool call {key} ({record.payload.get('tool')}) took effect")
+    meta = dict(summary.meta)
+    ended = state.ended
+    if ended is not None:
+        why = ended.reason
+    elif state.recovery is not None:
+        why = f"recovering {'+'.join(state.recovery.interruptions)}"
+    else:
+        why = "live"
+    return {
+        "session_id": session_id,
+        "live": live,
+        "who": {
+            "caller": meta.get("caller"),  # masked when the session was created
+            "called_user": meta.get("called_user"),
+            "transport": meta.get("transport"),
+        },
+        "why": why,
+        "state": ended.terminal_state if ended is not None else None,
+        "stage": ended.stage if ended is not None else None,
+        "status": state.status(),
+        "transfer": None
+        if not state.transfer_target
+        else {
+            "target": mask_uri(state.transfer_target),
+            "last_status": state.transfer_status or None,
+        },
+        "heard_last": _heard_last(events),
+        "tool_calls": tool_calls,
+        "unknown": unknown,
+    }
