@@ -140,6 +140,25 @@ class CallControl(Protocol):
         (call this from :meth:`Agent.on_dtmf`)."""
         ...
 
+    # --- for an agent that reaches its brain over a link (agents/remote/) ----------------------
+
+    def link_lost(self) -> None:
+        """The agent's own link to its brain dropped: the session freezes side effects and cuts
+        the response at once, exactly as for lost media, until :meth:`link_restored`."""
+
+    def link_restored(self) -> None:
+        """The link is back (resumed): the session reconciles, then opens the gate."""
+
+    def link_failed(self, reason: str) -> None:
+        """The link will not come back: the call ends ``failed`` at stage ``agent_link``
+        (``needs_human`` with a tool outcome unknown), the caller told first. ``reason`` is
+        logged: never put a token or the agent's data in it."""
+
+    @property
+    def queued_ms(self) -> int:
+        """Milliseconds of response audio waiting to be played (flow control)."""
+        ...
+
 
 class Agent:
     """Base class for agents; override what you need."""

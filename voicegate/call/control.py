@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from session import events as sev
+from voicegate.call.acting import SessionSteps
 from voicegate.call.call_state import CallState
 from voicegate.call.hangup import HangingUp, HangupPlan
 from voicegate.call.responses import ResponseHandle, Responses
@@ -26,6 +28,7 @@ class AgentControl:
         hangup: HangingUp,
         turns: CallerTurns,
         tools: CallTools,
+        steps: SessionSteps | None = None,
     ) -> None:
         self._state = state
         self._services = services
@@ -33,6 +36,7 @@ class AgentControl:
         self._hangup = hangup
         self._turns = turns
         self._tools = tools
+        self._steps = steps
         responses.on_admitted = self._admitted
 
     @property
@@ -56,3 +60,29 @@ class AgentControl:
     ) -> str:
         # Approval by key press: only a request made while handling the caller's DTMF counts.
         return self._tools.request(tool, arguments, key, approved=self._turns.in_dtmf)
+
+    # --- a remote agent's link (agents/remote/): the session's agent-link dimension --------------
+
+    def link_lost(self) -> None:
+        self._apply_link(sev.AgentLinkLost())
+
+    def link_restored(self) -> None:
+        session = self._state.session_state
+        recovery = session.recovery if session is not None else None
+        # AgentLinkRestored names the recovery it ends; without one there is nothing to restore.
+        if recovery is not None:
+            self._apply_link(sev.AgentLinkRestored(recovery.generation))
+
+    def link_failed(self, reason: str) -> None:
+        self._apply_link(sev.AgentLinkFailed(reason))
+
+    def _apply_link(self, event: sev.Event) -> None:
+        session = self._state.session_state
+        # A link event once the session ended (or before the call was set up) is moot.
+        if self._steps is not None and session is not None and not session.terminal:
+            self._steps.try_apply(event)
+
+    @property
+    def queued_ms(self) -> int:
+        channel = self._state.channel
+        return channel.playout.queued_ms if channel is not None else 0

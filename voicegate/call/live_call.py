@@ -102,7 +102,7 @@ class LiveCall:
         self._sip = SipEvents(state, services, steps, self._responses, self._hangup)
         self._notices = AgentNotices(state, self.tools, post)
         self.control = AgentControl(
-            state, services, self._responses, self._hangup, self._turns, self.tools
+            state, services, self._responses, self._hangup, self._turns, self.tools, steps
         )
         steps.attach(
             CallActions(
