@@ -466,7 +466,7 @@ class AgentSettings:
         default=5.0,
         metadata=key(
             float_range(0.2, 60.0),
-            "With kind = remote: ping period; a link with no pong for 3 periods is lost",
+            "With kind = remote: ping period; a link silent for 3 periods is lost",
         ),
     )
     max_protocol_errors: int = field(

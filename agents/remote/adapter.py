@@ -230,6 +230,9 @@ class RemoteAgent(Agent):
         if resumed:
             self.call.link_restored()
 
+    def buffered_ms(self) -> int:
+        return self.call.queued_ms
+
     def link_down(self) -> None:
         self.call.link_lost()
 

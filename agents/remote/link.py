@@ -75,6 +75,10 @@ class LinkOwner(Protocol):
 
     def link_up(self, resumed: bool) -> None: ...
 
+    def buffered_ms(self) -> int:
+        """Response audio queued ahead of the caller (flow control, in pong)."""
+        ...
+
     def link_down(self) -> None: ...
 
     def link_gone(self, reason: str) -> None: ...
@@ -391,7 +395,9 @@ class Link:
             return
         match kind:
             case "ping":
-                self.send({"type": "pong", "id": message["id"]})
+                self.send(
+                    {"type": "pong", "id": message["id"], "buffered_ms": self.owner.buffered_ms()}
+                )
             case "pong":
                 sent = self._pings.pop(message["id"], None)
                 if sent is not None:

@@ -6,6 +6,7 @@ Bad input of any shape is refused with an in-band error, counted, and changes no
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import Mapping
@@ -208,6 +209,9 @@ class Owner:
     def link_up(self, resumed: bool) -> None:
         self.events.append(f"up {resumed}")
 
+    def buffered_ms(self) -> int:
+        return 120
+
     def link_down(self) -> None:
         self.events.append("down")
 
@@ -254,6 +258,19 @@ def test_bad_messages_change_nothing_and_are_counted(texts: list[str]) -> None:
     assert [m["type"] for m in errors] == ["error"] * len(texts)
     for message in errors:
         validate("to_agent", message)
+
+
+def test_a_ping_is_answered_with_the_buffered_milliseconds() -> None:
+    link, owner, _ = _open_link()
+    wire: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+    link._queue = wire
+    link._on_text(json.dumps({"type": "ping", "seq": 0, "ack": 0, "id": 7}))
+    kind, text = wire.get_nowait()
+    assert kind == "text"
+    pong = json.loads(text)
+    assert pong == {"type": "pong", "id": 7, "buffered_ms": 120, "seq": 0, "ack": 0}
+    validate("to_agent", pong)
+    assert link.outbox.unacked == 0 and owner.messages == []  # a link message is not kept
 
 
 def test_past_the_error_budget_the_link_is_closed_and_given_up() -> None:
@@ -364,8 +381,6 @@ def _msg(agent: RemoteAgent, body: dict[str, Any]) -> None:
 
 
 def _drive(agent: RemoteAgent, call: Call) -> list[dict[str, Any]]:
-    import asyncio
-
     async def run() -> None:
         async def no_dial() -> None: ...
 
@@ -400,8 +415,6 @@ def test_the_same_agent_call_id_never_executes_twice() -> None:
     assert len(call.tools) == 1
     pending = agent.link.outbox.replay(0, 0)[-1]
     assert (pending["outcome"], pending["duplicate"]) == ("pending", True)
-    import asyncio
-
     asyncio.run(agent.on_tool_result(ToolResult("charge", call.tools[0][1] or "", "committed")))
     _msg(agent, body)
     again = agent.link.outbox.replay(0, 0)[-1]
