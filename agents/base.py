@@ -159,6 +159,10 @@ class CallControl(Protocol):
         """Milliseconds of response audio waiting to be played (flow control)."""
         ...
 
+    def call_soon(self, work: Callable[[], None]) -> None:
+        """Run ``work`` on the call's own task, after what is queued there: how a task of the
+        agent's own (a socket reader) asks things of the call. ``work`` must not raise."""
+
 
 class Agent:
     """Base class for agents; override what you need."""

@@ -22,7 +22,7 @@ import asyncio
 import hashlib
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -226,20 +226,42 @@ class RemoteAgent(Agent):
                 message["seq"],
             )
 
+    # The link reports from its own task; everything it asks of the call runs on the call's task
+    # (STYLE.md habit 5), in the order it arrived.
+
     def link_up(self, resumed: bool) -> None:
         if resumed:
-            self.call.link_restored()
+            self.call.call_soon(self.call.link_restored)
 
     def buffered_ms(self) -> int:
         return self.call.queued_ms
 
     def link_down(self) -> None:
-        self.call.link_lost()
+        self.call.call_soon(self.call.link_lost)
 
     def link_gone(self, reason: str) -> None:
-        self.call.link_failed(reason)
+        self.call.call_soon(lambda: self.call.link_failed(reason))
 
     def on_message(self, message: Mapping[str, Any]) -> None:
+        self.call.call_soon(lambda: self._guarded(self.handle_message, message))
+
+    def on_chunk(self, data: bytes) -> None:
+        self.call.call_soon(lambda: self._guarded(self.handle_chunk, data))
+
+    def _guarded(self, handle: Callable[[Any], None], item: Any) -> None:
+        """Run on the call's task: a refusal goes back to the agent in band; a bug of ours is
+        logged and refused as ``internal``, never raised into the call."""
+        if self.link.state == "closed":
+            return
+        try:
+            handle(item)
+        except ProtocolError as exc:
+            self.link.refuse(exc)
+        except Exception:
+            log.exception("agent_link.internal_error", extra={"call_id": self.context.call_id})
+            self.link.refuse(ProtocolError("internal", "voicegate could not handle it"))
+
+    def handle_message(self, message: Mapping[str, Any]) -> None:
         seq = message["seq"]
         match message["type"]:
             case "response.start":
@@ -275,7 +297,7 @@ class RemoteAgent(Agent):
             case other:
                 raise ProtocolError("unknown_type", f"{other} is not handled here", seq)
 
-    def on_chunk(self, data: bytes) -> None:
+    def handle_chunk(self, data: bytes) -> None:
         chunk = self._codec.decode_agent_audio(data)
         remote = self._responses.get(chunk.response_id)
         if remote is None:

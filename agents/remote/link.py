@@ -114,6 +114,7 @@ class Link:
         self._pending: asyncio.Queue[tuple[str, Any]] | None = None  # until session.resumed
         self._handshaken = False
         self._closing = False
+        self._ack_sent = 0  # the ack the last message on the wire carried
         self._window = (0.0, 0)
         self._pings: dict[int, float] = {}
         self._ping_id = 0
@@ -150,7 +151,13 @@ class Link:
             log.warning("agent_link.replay_overflow", extra={"call_id": self.session_id})
             self._close_and_give_up(f"replay buffer full: {exc}")
             return
-        self._put(self._queue, ("text", json.dumps(message, separators=(",", ":"))))
+        if self._put(self._queue, ("text", json.dumps(message, separators=(",", ":")))):
+            self._ack_sent = message["ack"]
+
+    def ack_if_owed(self) -> None:
+        """A bare ``ack`` if the peer has not yet been told of everything taken."""
+        if self._queue is not None and self.inbox.seq > self._ack_sent:
+            self.send({"type": "ack"})
 
     def send_audio(self, frame: bytes) -> bool:
         """Queue caller audio if the link is up; False if it was not sent (a gap)."""
@@ -363,13 +370,11 @@ class Link:
             # The agent replayed what we already had (it missed our ack): skip it, count it.
             self.metrics.agent_replayed_messages.labels("from_agent").inc()
             return
-        sent_before = self.outbox.seq
         try:
             self._dispatch(message)
         except ProtocolError as exc:
             self.refuse(exc)
-        if fresh and self.outbox.seq == sent_before and self._queue is not None:
-            self.send({"type": "ack"})
+        self.ack_if_owed()
 
     def _on_binary(self, data: bytes) -> None:
         try:

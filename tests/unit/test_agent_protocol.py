@@ -361,6 +361,9 @@ class Call:
         self.tools.append((tool, key))
         return key or ""
 
+    def call_soon(self, work: Any) -> None:
+        work()
+
     def link_lost(self) -> None: ...
 
     def link_restored(self) -> None: ...
@@ -377,7 +380,7 @@ def _agent() -> tuple[RemoteAgent, Call]:
 
 def _msg(agent: RemoteAgent, body: dict[str, Any]) -> None:
     agent.link.inbox.seq += 1
-    agent.on_message({**body, "seq": agent.link.inbox.seq, "ack": 0})
+    agent.handle_message({**body, "seq": agent.link.inbox.seq, "ack": 0})
 
 
 def _drive(agent: RemoteAgent, call: Call) -> list[dict[str, Any]]:
@@ -426,9 +429,9 @@ def test_the_same_agent_call_id_never_executes_twice() -> None:
 def test_chunks_for_unknown_or_dead_responses_are_dropped_and_counted() -> None:
     agent, call = _agent()
     pcm = np.zeros(160, dtype=np.int16)
-    with pytest.raises(ProtocolError) as caught:
-        agent.on_chunk(encode_agent_audio("nope", pcm))
-    assert caught.value.code == "unknown_response"
+    agent.on_chunk(encode_agent_audio("nope", pcm))
+    (error,) = agent.link.outbox.replay(0, 0)
+    assert (error["type"], error["code"], error["ref_seq"]) == ("error", "unknown_response", None)
     _msg(agent, {"type": "response.start", "response_id": "a1"})
     agent.on_chunk(encode_agent_audio("a1", pcm))
     call.handles[0].ended = "interrupted"  # the caller barged in

@@ -6,7 +6,8 @@ Audio goes through response handles the session records (responses.py); a hang-u
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from session import events as sev
@@ -19,6 +20,13 @@ from voicegate.call.turns import CallerTurns
 from voicegate.tools.call_tools import CallTools
 
 
+@dataclass(frozen=True, slots=True)
+class AgentWork:
+    """Work an agent's own task hands to the call's task (:meth:`AgentControl.call_soon`)."""
+
+    run: Callable[[], None]
+
+
 class AgentControl:
     def __init__(
         self,
@@ -29,6 +37,7 @@ class AgentControl:
         turns: CallerTurns,
         tools: CallTools,
         steps: SessionSteps | None = None,
+        post: Callable[[object], None] | None = None,
     ) -> None:
         self._state = state
         self._services = services
@@ -37,6 +46,7 @@ class AgentControl:
         self._turns = turns
         self._tools = tools
         self._steps = steps
+        self._post = post
         responses.on_admitted = self._admitted
 
     @property
@@ -81,6 +91,11 @@ class AgentControl:
         # A link event once the session ended (or before the call was set up) is moot.
         if self._steps is not None and session is not None and not session.terminal:
             self._steps.try_apply(event)
+
+    def call_soon(self, work: Callable[[], None]) -> None:
+        # STYLE.md habit 5: one task owns the call; an agent's own task hands work to it.
+        if self._post is not None:
+            self._post(AgentWork(work))
 
     @property
     def queued_ms(self) -> int:
