@@ -203,6 +203,8 @@ class Link:
         try:
             async with aiohttp.ClientSession() as http:
                 while not self._closing:
+                    if self._give_up_reason is not None:  # decided while the link was down
+                        raise _GiveUp(self._give_up_reason)
                     remaining = (
                         self.config.reconnect_deadline_s - (loop.time() - lost_at)
                         if lost_at is not None
