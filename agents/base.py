@@ -150,6 +150,29 @@ class CallControl(Protocol):
         (:meth:`Agent.on_resumed` with ``transfer``). ``mode``: only ``blind`` for now."""
         ...
 
+    # --- for an agent that reaches its brain over a link (agents/remote/) ----------------------
+
+    def link_lost(self) -> None:
+        """The agent's own link to its brain dropped: the session freezes side effects and cuts
+        the response at once, exactly as for lost media, until :meth:`link_restored`."""
+
+    def link_restored(self) -> None:
+        """The link is back (resumed): the session reconciles, then opens the gate."""
+
+    def link_failed(self, reason: str) -> None:
+        """The link will not come back: the call ends ``failed`` at stage ``agent_link``
+        (``needs_human`` with a tool outcome unknown), the caller told first. ``reason`` is
+        logged: never put a token or the agent's data in it."""
+
+    @property
+    def queued_ms(self) -> int:
+        """Milliseconds of response audio waiting to be played (flow control)."""
+        ...
+
+    def call_soon(self, work: Callable[[], None]) -> None:
+        """Run ``work`` on the call's own task, after what is queued there: how a task of the
+        agent's own (a socket reader) asks things of the call. ``work`` must not raise."""
+
 
 class Agent:
     """Base class for agents; override what you need."""

@@ -116,7 +116,7 @@ def _apply_file(
                 try:
                     values[dotted] = from_toml(k, raw)
                 except Invalid as e:
-                    problems.append(f"{dotted} = {raw!r}{src}: {e}")
+                    problems.append(f"{dotted} = {_shown(dotted, raw)}{src}: {e}")
     return problems
 
 
@@ -145,7 +145,7 @@ def _apply_env(
         try:
             values[k.dotted] = from_env(k, text)
         except Invalid as e:
-            problems.append(f"{k.dotted} = {text!r} (from {var}): {e}")
+            problems.append(f"{k.dotted} = {_shown(k.dotted, text)} (from {var}): {e}")
     return problems
 
 
@@ -169,6 +169,16 @@ def _hint(dotted: str, name: str) -> str:
     return f"; did you mean {near[0]}?" if near else ""
 
 
+def _shown(dotted: str, value: object) -> str:
+    """How a value appears in a message: a secret's never does (STYLE.md habit 10)."""
+    if dotted.rsplit(".", 1)[-1] in _SECRET_KEYS and value:
+        return "<redacted>"
+    return repr(value)
+
+
+_SECRET_KEYS = frozenset({"secret", "api_key", "password", "token"})
+
+
 def _build(values: dict[str, object]) -> Settings:
     parts: dict[str, Any] = {
         section: cls(**{k.name: values[k.dotted] for k in KEYS if k.section == section})
@@ -181,6 +191,6 @@ def _describe(p: CrossProblem, settings: Settings, sources: dict[str, str]) -> s
     def show(dotted: str) -> str:
         k = BY_DOTTED[dotted]
         value = getattr(getattr(settings, k.section), k.name)
-        return f"{dotted} = {value!r}{sources.get(dotted, '')}"
+        return f"{dotted} = {_shown(dotted, value)}{sources.get(dotted, '')}"
 
     return f"{', '.join(show(d) for d in p.keys)}: {p.reason}"

@@ -283,3 +283,36 @@ def sip_uri_patterns() -> Rule:
         return value
 
     return Rule(allowed, check)
+
+
+def websocket_url(*, empty_ok: bool = False) -> Rule:
+    """A ``ws://`` or ``wss://`` URL with a host: where a remote agent listens."""
+    allowed = "a ws:// or wss:// URL with a host"
+    if empty_ok:
+        allowed = "empty, or " + allowed
+
+    def check(value: str) -> str:
+        if empty_ok and not value:
+            return value
+        if not re.fullmatch(r"wss?://[^\s/?#@]+(:\d{1,5})?(/[^\s#]*)?", value):
+            raise _refuse(allowed)
+        return value
+
+    return Rule(allowed, check)
+
+
+def secret_text(*, empty_ok: bool = False, min_length: int = 16) -> Rule:
+    """A shared secret: printable, at least ``min_length`` characters. Its value is never shown
+    (config/loader.py redacts keys named like secrets in every message)."""
+    allowed = f"at least {min_length} printable characters"
+    if empty_ok:
+        allowed = "empty, or " + allowed
+
+    def check(value: str) -> str:
+        if empty_ok and not value:
+            return value
+        if len(value) < min_length or not value.isprintable() or value != value.strip():
+            raise _refuse(allowed)
+        return value
+
+    return Rule(allowed, check)

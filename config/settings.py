@@ -32,9 +32,11 @@ from config.rules import (
     key,
     name_token,
     one_of,
+    secret_text,
     sip_uri,
     sip_uri_patterns,
     sip_users,
+    websocket_url,
 )
 from config.tools import ToolSettings
 
@@ -420,8 +422,9 @@ class AgentSettings:
     kind: str = field(
         default="demo",
         metadata=key(
-            one_of("demo", "python"),
-            "Which agent answers calls: the built-in demo, or your own Python agent (factory)",
+            one_of("demo", "python", "remote"),
+            "Which agent answers calls: the built-in demo, your own Python agent (factory), or "
+            "a remote agent over a WebSocket (url, secret; docs/agent-protocol.md)",
         ),
     )
     factory: str = field(
@@ -437,6 +440,44 @@ class AgentSettings:
         default=None,
         metadata=key(
             directory(empty_ok=True), "Directory of prompt WAVs; empty = the prompts shipped"
+        ),
+    )
+    url: str = field(
+        default="",
+        metadata=key(
+            websocket_url(empty_ok=True),
+            "With kind = remote: the agent's WebSocket URL; voicegate opens one socket per call",
+        ),
+    )
+    secret: str = field(
+        default="",
+        metadata=key(
+            secret_text(empty_ok=True),
+            "With kind = remote: the per-agent secret that signs the short-lived token voicegate "
+            "presents (HMAC-SHA256); never logged",
+        ),
+    )
+    reconnect_deadline_s: float = field(
+        default=5.0,
+        metadata=key(
+            float_range(0.5, 120.0),
+            "With kind = remote: how long a dropped link may take to resume before the call ends "
+            "failed at stage agent_link (the caller told)",
+        ),
+    )
+    ping_interval_s: float = field(
+        default=5.0,
+        metadata=key(
+            float_range(0.2, 60.0),
+            "With kind = remote: ping period; a link silent for 3 periods is lost",
+        ),
+    )
+    max_protocol_errors: int = field(
+        default=20,
+        metadata=key(
+            int_range(1, 1000),
+            "With kind = remote: bad messages refused (each with an error) before the link is "
+            "closed and the call ends failed at stage agent_link",
         ),
     )
 
@@ -627,7 +668,21 @@ def cross_check(s: Settings) -> list[CrossProblem]:
                 'kind = "python" needs a factory such as "mypackage.agent:MyAgent"',
             )
         )
-    elif s.agent.kind != "python" and s.agent.factory:
+    if s.agent.kind == "remote" and not (s.agent.url and s.agent.secret):
+        problems.append(
+            CrossProblem(
+                ("agent.kind", "agent.url", "agent.secret"),
+                'kind = "remote" needs both url (ws:// or wss://) and secret',
+            )
+        )
+    if s.agent.kind == "remote" and s.agent.reconnect_deadline_s >= s.session.recovery_timeout_s:
+        problems.append(
+            CrossProblem(
+                ("agent.reconnect_deadline_s", "session.recovery_timeout_s"),
+                "reconnect_deadline_s must be below the session's recovery_timeout_s",
+            )
+        )
+    if s.agent.kind != "python" and s.agent.factory:
         problems.append(
             CrossProblem(
                 ("agent.kind", "agent.factory"),

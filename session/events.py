@@ -143,6 +143,16 @@ class AgentLinkRestored(Event):
     generation: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class AgentLinkFailed(Event):
+    """A remote agent's link stayed down past ``agent.reconnect_deadline_s`` (or the agent broke
+    the protocol past its error budget): the call cannot go on. ``reason`` names what failed,
+    never a token or the agent's data."""
+
+    type: ClassVar[str] = "agent_link_failed"
+    reason: str = ""
+
+
 # --- conversation -------------------------------------------------------------------------------
 
 
@@ -293,6 +303,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         MediaRestored,
         AgentLinkLost,
         AgentLinkRestored,
+        AgentLinkFailed,
         TurnStarted,
         TurnCommitted,
         ResponseStarted,

@@ -300,6 +300,24 @@ def _on_agent_link_restored(state: SessionState, event: ev.AgentLinkRestored, no
     return recovered(state, Interruption.AGENT_LINK, now, out), out
 
 
+def _on_agent_link_failed(state: SessionState, event: ev.AgentLinkFailed, now: float) -> Result:
+    # Seed 000: past the deadline the ending is a transition with effects, never an exception;
+    # like an agent failure, the caller is told before the BYE (seed 004: no silent loss).
+    out: Effects = []
+    reason = ending.with_unknown(f"agent link failed: {event.reason}".rstrip(": "), state)
+    terminal = Terminal.NEEDS_HUMAN if state.outstanding else Terminal.FAILED
+    return ending.terminate(
+        state,
+        terminal,
+        reason,
+        EndingStage.AGENT_LINK,
+        now,
+        out,
+        caller_present=_caller_present(state),
+        say="outcome_unknown" if state.outstanding else "technical_problem",
+    ), out
+
+
 # --- conversation -------------------------------------------------------------------------------
 
 
@@ -662,6 +680,7 @@ TRANSITIONS: Mapping[type[ev.Event], Rule[Any]] = {rule.event: rule for rule in 
     Rule(ev.MediaRestored, AFTER_OFFER, _on_media_restored),
     Rule(ev.AgentLinkLost, CALL_UP, _on_agent_link_lost, _NOT_UP),
     Rule(ev.AgentLinkRestored, AFTER_OFFER, _on_agent_link_restored),
+    Rule(ev.AgentLinkFailed, AFTER_OFFER, _on_agent_link_failed),
     # conversation
     Rule(ev.TurnStarted, CALL_UP, _on_turn_started, _NOT_UP),
     Rule(ev.TurnCommitted, AFTER_OFFER, _on_turn_committed),

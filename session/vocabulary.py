@@ -39,6 +39,7 @@ class EndingStage(enum.StrEnum):
     TRANSFER = "transfer"  # transferred with outcomes unknown
     OPERATOR = "operator"
     AGENT = "agent"  # the agent failed (an exception in an in-process agent)
+    AGENT_LINK = "agent_link"  # a remote agent's link stayed down past its reconnect deadline
     PROCESS = "process"  # the process serving it died (the reaper)
 
 

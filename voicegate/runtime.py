@@ -22,6 +22,7 @@ from numpy.typing import NDArray
 from agents.base import AgentFactory
 from agents.demo import DemoAgent
 from agents.loading import load_factory
+from agents.remote.adapter import RemoteAgentFactory, remote_settings
 from audio.barge_in import BargeInConfig
 from audio.prompts import PromptLibrary, default_prompts_dir
 from audio.vad import VadConfig
@@ -85,10 +86,17 @@ def endpoint_config(settings: Settings) -> EndpointConfig:
     )
 
 
-def agent_factory(settings: Settings) -> AgentFactory:
+def agent_factory(settings: Settings, metrics: Metrics | None = None) -> AgentFactory:
     """The factory of the configured agent; raises AgentLoadError naming the key if unusable."""
     if settings.agent.kind == "python":
         return load_factory(settings.agent.factory)
+    if settings.agent.kind == "remote":
+        a = settings.agent
+        remote = remote_settings(
+            a.url, a.secret, a.reconnect_deadline_s, a.ping_interval_s, a.max_protocol_errors,
+            settings.audio.agent_rate, settings.audio.playout_max_s,
+        )
+        return RemoteAgentFactory(remote, metrics or Metrics())
     if settings.agent.kind == "demo":
         return DemoAgent
     raise ValueError(f"agent.kind {settings.agent.kind!r} has no implementation")
@@ -115,7 +123,7 @@ class Runtime:
         self.owner = OwnerId(settings.session.worker_name, uuid.uuid4().hex[:12]).format()
         prompts_dir = settings.agent.prompts_dir or default_prompts_dir()
         self._prompts = PromptLibrary(Path(prompts_dir))
-        self._agent_factory = agent_factory(settings)
+        self._agent_factory = agent_factory(settings, self.metrics)
         self.answer_after_s = settings.sip.answer_after_s
         # A crash window after a write is after it is durable: flush the writer first.
         self.faults = Faults(settings.faults.crash_at, before_crash=self.writer.flush)

@@ -36,6 +36,21 @@ class RtpPacket:
     payload_type: int
     seq: int
     rms: float
+    # The strongest frequency of an A-law frame (50 Hz bins at 8 kHz) and its share of the
+    # frame's energy: near 1 for a pure tone, low for speech or noise.
+    peak_hz: float = 0.0
+    peak_share: float = 0.0
+
+
+def _peak(audio: np.ndarray) -> tuple[float, float]:
+    power = np.abs(np.fft.rfft(audio.astype(np.float64))) ** 2
+    power[0] = 0.0
+    total = float(power.sum())
+    if total == 0.0:
+        return 0.0, 0.0
+    k = int(np.argmax(power))
+    share = float(power[max(k - 1, 0) : k + 2].sum()) / total
+    return k * 8000 / len(audio), share
 
 
 def read_rtp(path: Path) -> list[RtpPacket]:
@@ -60,7 +75,8 @@ def read_rtp(path: Path) -> list[RtpPacket]:
         seq = struct.unpack(">H", rtp[2:4])[0]
         audio = ALAW[np.frombuffer(rtp[12:], dtype=np.uint8)] if pt == 8 else np.zeros(1)
         rms = float(np.sqrt(np.mean(audio.astype(np.float64) ** 2))) if len(audio) else 0.0
-        packets.append(RtpPacket(sec + usec / 1e6, src, dst, pt, seq, rms))
+        peak_hz, peak_share = _peak(audio) if pt == 8 and len(audio) > 1 else (0.0, 0.0)
+        packets.append(RtpPacket(sec + usec / 1e6, src, dst, pt, seq, rms, peak_hz, peak_share))
     return packets
 
 

@@ -77,7 +77,7 @@ def file_error(path: Path) -> ConfigError:
             "expected a directory path (relative to the current directory)",
         ),
         ("VOICEGATE_STORAGE_DATA_DIR", "~/vg", "'~' is not expanded here: give the full path"),
-        ("VOICEGATE_AGENT_KIND", "websocket", "expected one of demo, python"),
+        ("VOICEGATE_AGENT_KIND", "websocket", "expected one of demo, python, remote"),
         ("VOICEGATE_LOG_LEVEL", "loud", "expected one of debug, info, warning, error"),
         ("VOICEGATE_LOG_FORMAT", "xml", "expected one of json, text"),
         ("VOICEGATE_LOG_PJSIP_LEVEL", "7", "expected an integer from 0 to 6"),

@@ -841,6 +841,7 @@ SAMPLES: list[ev.Event] = [
     ev.MediaRestored(4),
     ev.AgentLinkLost(),
     ev.AgentLinkRestored(5),
+    ev.AgentLinkFailed("not back within 5 s"),
     ev.TurnStarted("t1"),
     ev.TurnCommitted("t1"),
     ev.ResponseStarted("r1", "t1"),
@@ -983,6 +984,18 @@ def test_an_agent_that_fails_ends_the_session_failed_at_stage_agent_and_tells_th
     assert (state.ended.terminal_state, state.ended.stage) == ("failed", "agent")
     assert state.ended.reason == "agent failed: on_dtmf raised ValueError"
     kinds = [type(e) for e in effects]
+    assert kinds.index(fx.Say) < kinds.index(fx.HangUp)
+    assert fx.Say("technical_problem") in effects
+
+
+def test_an_agent_link_that_does_not_come_back_ends_failed_at_stage_agent_link() -> None:
+    state, _ = step(answered(), ev.AgentLinkLost(), 11.0)
+    state, effects = step(state, ev.AgentLinkFailed("not back within 5 s"), 16.0)
+    assert state.ended is not None
+    assert (state.ended.terminal_state, state.ended.stage) == ("failed", "agent_link")
+    assert state.ended.reason == "agent link failed: not back within 5 s"
+    kinds = [type(e) for e in effects]
+    # Seed 004: the caller is told before the BYE; the recovery is reported as over.
     assert kinds.index(fx.Say) < kinds.index(fx.HangUp)
     assert fx.Say("technical_problem") in effects
 

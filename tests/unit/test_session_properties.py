@@ -177,6 +177,7 @@ ENDING_STRATEGIES: EventStrategies = {
     ),
     ev.SessionExpired: st.builds(ev.SessionExpired, reason=st.just("No session refresh")),
     ev.AgentFailed: st.builds(ev.AgentFailed, reason=st.just("on_dtmf raised ValueError")),
+    ev.AgentLinkFailed: st.builds(ev.AgentLinkFailed, reason=st.just("not back within 5 s")),
     ev.ServerHangup: st.builds(
         ev.ServerHangup,
         outcome=st.sampled_from(["completed", "canceled", "bogus"]),

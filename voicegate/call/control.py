@@ -6,9 +6,12 @@ Audio goes through response handles the session records (responses.py); a hang-u
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
+from session import events as sev
+from voicegate.call.acting import SessionSteps
 from voicegate.call.call_state import CallState
 from voicegate.call.hangup import HangingUp, HangupPlan
 from voicegate.call.responses import ResponseHandle, Responses
@@ -16,6 +19,13 @@ from voicegate.call.services import CallServices
 from voicegate.call.transfer import CallTransfer
 from voicegate.call.turns import CallerTurns
 from voicegate.tools.call_tools import CallTools
+
+
+@dataclass(frozen=True, slots=True)
+class AgentWork:
+    """Work an agent's own task hands to the call's task (:meth:`AgentControl.call_soon`)."""
+
+    run: Callable[[], None]
 
 
 class AgentControl:
@@ -28,6 +38,8 @@ class AgentControl:
         turns: CallerTurns,
         tools: CallTools,
         transfer: CallTransfer,
+        steps: SessionSteps | None = None,
+        post: Callable[[object], None] | None = None,
     ) -> None:
         self._state = state
         self._services = services
@@ -36,6 +48,8 @@ class AgentControl:
         self._turns = turns
         self._tools = tools
         self._transfer = transfer
+        self._steps = steps
+        self._post = post
         responses.on_admitted = self._admitted
 
     @property
@@ -63,3 +77,33 @@ class AgentControl:
     def transfer(self, target: str | None = None, *, mode: str | None = None) -> str | None:
         refused = self._transfer.start(target, mode)
         return None if refused is None else refused.message
+    # --- a remote agent's link (agents/remote/): the session's agent-link dimension --------------
+
+    def link_lost(self) -> None:
+        self._apply_link(sev.AgentLinkLost())
+
+    def link_restored(self) -> None:
+        session = self._state.session_state
+        recovery = session.recovery if session is not None else None
+        # AgentLinkRestored names the recovery it ends; without one there is nothing to restore.
+        if recovery is not None:
+            self._apply_link(sev.AgentLinkRestored(recovery.generation))
+
+    def link_failed(self, reason: str) -> None:
+        self._apply_link(sev.AgentLinkFailed(reason))
+
+    def _apply_link(self, event: sev.Event) -> None:
+        session = self._state.session_state
+        # A link event once the session ended (or before the call was set up) is moot.
+        if self._steps is not None and session is not None and not session.terminal:
+            self._steps.try_apply(event)
+
+    def call_soon(self, work: Callable[[], None]) -> None:
+        # STYLE.md habit 5: one task owns the call; an agent's own task hands work to it.
+        if self._post is not None:
+            self._post(AgentWork(work))
+
+    @property
+    def queued_ms(self) -> int:
+        channel = self._state.channel
+        return channel.playout.queued_ms if channel is not None else 0

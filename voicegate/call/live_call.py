@@ -33,7 +33,7 @@ from voicegate.call.actions import CallActions
 from voicegate.call.agent_guard import AgentCrashed, make_agent
 from voicegate.call.call_state import CallPhase, CallState
 from voicegate.call.clock import SessionClock
-from voicegate.call.control import AgentControl
+from voicegate.call.control import AgentControl, AgentWork
 from voicegate.call.hangup import HangingUp, HangupPlan
 from voicegate.call.notices import AgentNotice, AgentNotices
 from voicegate.call.responses import Responses
@@ -104,7 +104,15 @@ class LiveCall:
         self._notices = AgentNotices(state, self.tools, post)
         self.transfer = CallTransfer(state, services, steps, self._hangup, self._timers, clock)
         self.control = AgentControl(
-            state, services, self._responses, self._hangup, self._turns, self.tools, self.transfer
+            state,
+            services,
+            self._responses,
+            self._hangup,
+            self._turns,
+            self.tools,
+            self.transfer,
+            steps,
+            post,
         )
         steps.attach(
             CallActions(
@@ -374,6 +382,8 @@ class LiveCall:
                 then(done)
             case ToolRefused(result=result):
                 await self._notices.tool_result(result)
+            case AgentWork(run=run):
+                run()  # the agent's own guard catches what it raises (agents/remote/adapter.py)
             case _:
                 log.debug("call.ignored_event", extra={"call_id": self.call_id, "ev": repr(item)})
 

@@ -166,6 +166,41 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        # Remote agents (agents/remote/, docs/agent-protocol.md).
+        self.agent_links = Gauge(
+            "voicegate_agent_links",
+            "Remote-agent links, by state (connecting, open, lost)",
+            ["state"],
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.agent_link_resumes = Counter(
+            "voicegate_agent_link_resumes_total",
+            "Redials of a dropped remote-agent link, by result (resumed, refused, failed: not "
+            "back within agent.reconnect_deadline_s)",
+            ["result"],
+            registry=r,
+        )
+        self.agent_replayed_messages = Counter(
+            "voicegate_agent_replayed_messages_total",
+            "Un-acked protocol messages replayed after a resume, by direction (to_agent: sent "
+            "again by voicegate; from_agent: duplicates the agent re-sent, skipped)",
+            ["direction"],
+            registry=r,
+        )
+        self.agent_chunks_dropped = Counter(
+            "voicegate_agent_chunks_dropped_total",
+            "Remote-agent audio chunks dropped, never played, by why (unknown_response, "
+            "dead_response)",
+            ["reason"],
+            registry=r,
+        )
+        self.agent_protocol_errors = Counter(
+            "voicegate_agent_protocol_errors_total",
+            "Remote-agent messages refused with an in-band error, by error code",
+            ["kind"],
+            registry=r,
+        )
         self.stale_frames = Counter(
             "voicegate_stale_frames_dropped_total",
             "20 ms frames of audio refused at playout admission: an older generation, or a "
@@ -293,6 +328,14 @@ class Metrics:
             self.agent_failures.labels(call)
         for ending in RESPONSE_ENDINGS:
             self.dead_response_frames.labels(ending)
+        for state in ("connecting", "open", "lost"):
+            self.agent_links.labels(state)
+        for result in ("resumed", "refused", "failed"):
+            self.agent_link_resumes.labels(result)
+        for direction in ("to_agent", "from_agent"):
+            self.agent_replayed_messages.labels(direction)
+        for reason in ("unknown_response", "dead_response"):
+            self.agent_chunks_dropped.labels(reason)
         # The refusals the capacity alert watches (telephony/admission.py).
         self.calls_refused.labels("capacity", "486")
         self.calls_refused.labels("setup_rate", "503")

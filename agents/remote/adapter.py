@@ -1,0 +1,369 @@
+"""A remote agent as an :class:`agents.base.Agent`: the call runs it like any other agent.
+
+Each handler the call invokes becomes a protocol message (docs/agent-protocol.md); each message
+the agent sends becomes a request of the call's :class:`~agents.base.CallControl`. The mapping
+keeps voicegate's promises on the wire:
+
+- A response is a handle. The agent's ``response_id`` maps to the handle ``call.respond()`` gave;
+  a chunk for an unknown id, or for a handle that died (interrupted, superseded, canceled, ended),
+  is dropped and counted, never played.
+- A tool call goes through ``call.request_tool`` with an idempotency key derived from the
+  session and the agent's ``call_id``; the same ``call_id`` again (after a resume, say) is answered
+  with the original result, or ``pending``: never a second execution (seed 004, "duplicate
+  guard").
+- A link that drops is an interruption of the call (``call.link_lost()``); a resume ends it
+  (``call.link_restored()``); a link that does not come back ends the call
+  (``call.link_failed()``), the caller told.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from agents.base import Agent, CallContext, CallControl, MarkOutcome, Response, ToolResult
+from agents.remote.link import Link, LinkConfig
+from agents.remote.protocol import VERSION, Codec, ProtocolError, encode_caller_audio
+from audio.frame import Frame
+from audio.playout import PlayoutFull
+from audio.resample import resample
+from voicegate.observe.metrics import Metrics
+
+log = logging.getLogger("voicegate.agent.remote")
+
+FEATURES = ("marks", "tools", "resume", "dtmf", "speech_events")
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteSettings:
+    link: LinkConfig
+    agent_rate: int  # caller audio and agent audio on the wire (audio.agent_rate)
+    playout_max_ms: int
+
+
+@dataclass(slots=True)
+class _ToolCall:
+    key: str
+    tool: str
+    arguments: str  # canonical JSON: the same call_id must mean the same request
+    result: dict[str, Any] | None = None
+
+
+@dataclass(slots=True)
+class _Remote:
+    """One of the agent's responses: its handle and the marks still waiting for an outcome."""
+
+    handle: Response
+    marks: list[str] = field(default_factory=list)
+    reported: bool = False  # playback.interrupted sent
+
+
+class RemoteAgentFactory:
+    """``agent.kind = "remote"``: a :class:`RemoteAgent` per call."""
+
+    def __init__(self, settings: RemoteSettings, metrics: Metrics) -> None:
+        self.settings = settings
+        self.metrics = metrics
+
+    def __call__(self, context: CallContext, call: CallControl) -> Agent:
+        return RemoteAgent(context, call, self.settings, self.metrics)
+
+
+class RemoteAgent(Agent):
+    def __init__(
+        self, context: CallContext, call: CallControl, settings: RemoteSettings, metrics: Metrics
+    ) -> None:
+        super().__init__(context, call)
+        self.settings = settings
+        self.metrics = metrics
+        self.link = Link(settings.link, context.call_id, self, metrics)
+        self._codec = Codec("from_agent")
+        self._task: asyncio.Task[None] | None = None
+        self._responses: dict[str, _Remote] = {}  # the agent's response id -> its handle
+        self._ids: dict[str, str] = {}  # voicegate's response id -> the agent's
+        self._canceled: set[str] = set()
+        self._tools: dict[str, _ToolCall] = {}  # the agent's call id -> its request
+        self._by_key: dict[str, str] = {}  # idempotency key -> the agent's call id
+        self._gap: tuple[int, int] | None = None  # (first timestamp missed, samples missed)
+        self._speaking = False
+
+    # --- the call's side: handlers become messages --------------------------------------------
+
+    async def on_start(self) -> None:
+        c = self.context
+        self.link.send(
+            {
+                "type": "session.start",
+                "session_id": c.call_id,
+                "versions": [VERSION],
+                "audio": {
+                    "encodings": ["pcm16"],
+                    "rates": [self.settings.agent_rate],
+                    "frame_ms": 20,
+                },
+                "features": list(FEATURES),
+                "call": {
+                    "called_user": c.called_user,
+                    "caller": c.caller,
+                    "codec": c.codec,
+                    "rate": c.rate,
+                },
+                "playout_max_ms": self.settings.playout_max_ms,
+            }
+        )
+        self._task = asyncio.get_running_loop().create_task(self.link.run())
+
+    async def on_dtmf(self, digit: str) -> None:
+        self.link.send({"type": "dtmf", "digit": digit})
+
+    async def on_audio(self, frame: Frame) -> None:
+        if self.link.is_open:
+            if self._gap is not None:
+                start, samples = self._gap
+                self._gap = None
+                self.link.send({"type": "audio.gap", "start_ts": start, "samples": samples})
+            if self.link.send_audio(encode_caller_audio(frame.timestamp, frame.samples)):
+                return
+        # Never replayed (docs/agent-protocol.md, "Caller audio"): counted as one gap.
+        start, samples = self._gap or (frame.timestamp, 0)
+        self._gap = (start, samples + len(frame.samples))
+
+    async def on_speech_started(self) -> None:
+        self._speaking = True
+        self.link.send({"type": "speech.started"})
+
+    async def on_speech_turn(self, duration_ms: int) -> None:
+        self._speaking = False
+        self.link.send({"type": "speech.stopped", "duration_ms": duration_ms})
+
+    async def on_response_interrupted(self, heard_ms: int) -> None:
+        # The notice comes after the cut, maybe after the agent started its next response: the
+        # response it is about is the last one cut and not yet reported.
+        cut = [
+            rid
+            for rid, remote in self._responses.items()
+            if remote.handle.ended in ("interrupted", "canceled") and not remote.reported
+        ]
+        if not cut:
+            return
+        rid = cut[-1]
+        remote = self._responses[rid]
+        remote.reported = True
+        reason = "canceled" if rid in self._canceled else "barge_in"
+        self.link.send(
+            {
+                "type": "playback.interrupted",
+                "response_id": rid,
+                "heard_ms": heard_ms,
+                "marks_cleared": list(remote.marks),
+                "reason": reason,
+            }
+        )
+
+    async def on_interrupted(self, interruption: str) -> None:
+        self.link.send({"type": "media.lost", "interruption": interruption})
+
+    async def on_resumed(self, interruptions: str) -> None:
+        self.link.send({"type": "media.restored", "interruptions": interruptions})
+
+    async def on_stop(self) -> None:
+        self.link.send({"type": "output.stop"})
+
+    async def on_mark(self, mark: MarkOutcome) -> None:
+        rid = self._ids.get(mark.response_id)
+        if rid is None:
+            return
+        remote = self._responses[rid]
+        if mark.mark_id in remote.marks:
+            remote.marks.remove(mark.mark_id)
+        self.link.send(
+            {
+                "type": "mark.outcome",
+                "response_id": rid,
+                "mark_id": mark.mark_id,
+                "outcome": mark.outcome,
+            }
+        )
+
+    async def on_tool_result(self, result: ToolResult) -> None:
+        call_id = self._by_key.get(result.key)
+        if call_id is None:
+            return
+        body = {
+            "type": "tool.result",
+            "call_id": call_id,
+            "tool": result.tool,
+            "outcome": result.outcome,
+            "detail": dict(result.detail),
+            "duplicate": result.duplicate,
+        }
+        if result.outcome != "pending":
+            self._tools[call_id].result = body
+        self.link.send(body)
+
+    async def on_end(self, reason: str) -> None:
+        self.link.send({"type": "session.end", "reason": reason[:300]})
+        self.link.close()
+        task = self._task
+        if task is not None and not task.done():
+            # The link flushes session.end and closes; it is cut if it takes longer.
+            asyncio.get_running_loop().call_later(2.0, task.cancel)
+
+    # --- the link's side: messages become requests of the call ---------------------------------
+
+    def check_accept(self, message: Mapping[str, Any]) -> None:
+        audio = message["audio"]
+        rate = self.settings.agent_rate
+        if audio["rate"] != rate or audio["frame_bytes"] != rate // 50 * 2:
+            raise ProtocolError(
+                "handshake",
+                f"audio must be pcm16 at {rate} Hz, 20 ms = {rate // 50 * 2} bytes a frame",
+                message["seq"],
+            )
+
+    # The link reports from its own task; everything it asks of the call runs on the call's task
+    # (STYLE.md habit 5), in the order it arrived.
+
+    def link_up(self, resumed: bool) -> None:
+        if resumed:
+            self.call.call_soon(self.call.link_restored)
+
+    def buffered_ms(self) -> int:
+        return self.call.queued_ms
+
+    def link_down(self) -> None:
+        self.call.call_soon(self.call.link_lost)
+
+    def link_gone(self, reason: str) -> None:
+        self.call.call_soon(lambda: self.call.link_failed(reason))
+
+    def on_message(self, message: Mapping[str, Any]) -> None:
+        self.call.call_soon(lambda: self._guarded(self.handle_message, message))
+
+    def on_chunk(self, data: bytes) -> None:
+        self.call.call_soon(lambda: self._guarded(self.handle_chunk, data))
+
+    def _guarded(self, handle: Callable[[Any], None], item: Any) -> None:
+        """Run on the call's task: a refusal goes back to the agent in band; a bug of ours is
+        logged and refused as ``internal``, never raised into the call."""
+        if self.link.state == "closed":
+            return
+        try:
+            handle(item)
+        except ProtocolError as exc:
+            self.link.refuse(exc)
+        except Exception:
+            log.exception("agent_link.internal_error", extra={"call_id": self.context.call_id})
+            self.link.refuse(ProtocolError("internal", "voicegate could not handle it"))
+
+    def handle_message(self, message: Mapping[str, Any]) -> None:
+        seq = message["seq"]
+        match message["type"]:
+            case "response.start":
+                rid = message["response_id"]
+                if rid in self._responses:
+                    raise ProtocolError("response_refused", f"response {rid} was used", seq)
+                handle = self.call.respond()
+                self._responses[rid] = _Remote(handle)
+                self._ids[handle.id] = rid
+                if not handle.alive:
+                    # Its chunks will be dropped as dead; the agent hears why now.
+                    raise ProtocolError(
+                        "response_refused", f"no response now ({handle.ended})", seq
+                    )
+            case "response.done":
+                self._remote(message).handle.done()
+            case "response.cancel":
+                rid = message["response_id"]
+                self._canceled.add(rid)
+                self._remote(message).handle.cancel()
+            case "mark":
+                remote = self._remote(message)
+                remote.marks.append(message["mark_id"])
+                remote.handle.mark(message["mark_id"])
+            case "tool.call":
+                self._tool_call(message)
+            case "hangup":
+                self.call.hangup(
+                    message["reason"], after_playout=message.get("after_playout", True)
+                )
+            case "session.end":
+                self.call.hangup(message["reason"])
+            case other:
+                raise ProtocolError("unknown_type", f"{other} is not handled here", seq)
+
+    def handle_chunk(self, data: bytes) -> None:
+        chunk = self._codec.decode_agent_audio(data)
+        remote = self._responses.get(chunk.response_id)
+        if remote is None:
+            self.metrics.agent_chunks_dropped.labels("unknown_response").inc()
+            raise ProtocolError("unknown_response", "audio for a response never started")
+        samples = chunk.samples
+        if self.call.rate != self.settings.agent_rate and len(samples):
+            samples = resample(samples, self.settings.agent_rate, self.call.rate)
+        try:
+            played = remote.handle.play(samples)
+        except PlayoutFull:
+            raise ProtocolError(
+                "playout_full",
+                f"more than {self.settings.playout_max_ms} ms queued; send in real time",
+            ) from None
+        if not played:
+            # A cut, superseded or ended response: never played (the handle counted the frames).
+            self.metrics.agent_chunks_dropped.labels("dead_response").inc()
+
+    def _remote(self, message: Mapping[str, Any]) -> _Remote:
+        remote = self._responses.get(message["response_id"])
+        if remote is None:
+            raise ProtocolError("unknown_response", "no such response", message["seq"])
+        return remote
+
+    def _tool_call(self, message: Mapping[str, Any]) -> None:
+        call_id, tool = message["call_id"], message["tool"]
+        arguments = json.dumps(message["arguments"], sort_keys=True, separators=(",", ":"))
+        known = self._tools.get(call_id)
+        if known is not None:
+            if (known.tool, known.arguments) != (tool, arguments):
+                raise ProtocolError(
+                    "schema", f"call_id {call_id} was used for another request", message["seq"]
+                )
+            # Reclaim, don't resend (seed 004): the original outcome, or that it is running.
+            self.metrics.tool_duplicates_prevented.labels(tool).inc()
+            result = known.result or {
+                "type": "tool.result",
+                "call_id": call_id,
+                "tool": tool,
+                "outcome": "pending",
+                "detail": {},
+            }
+            self.link.send({**result, "duplicate": True})
+            return
+        digest = hashlib.sha256(f"{self.context.call_id}/{call_id}".encode()).hexdigest()
+        key = f"ra-{digest[:32]}"
+        self._tools[call_id] = _ToolCall(key, tool, arguments)
+        self._by_key[key] = call_id
+        self.call.request_tool(tool, message["arguments"], key=key)
+
+
+def remote_settings(
+    url: str,
+    secret: str,
+    reconnect_deadline_s: float,
+    ping_interval_s: float,
+    max_protocol_errors: int,
+    agent_rate: int,
+    playout_max_s: float,
+) -> RemoteSettings:
+    return RemoteSettings(
+        LinkConfig(url, secret, reconnect_deadline_s, ping_interval_s, max_protocol_errors),
+        agent_rate,
+        round(playout_max_s * 1000),
+    )
+
+
+__all__ = ["RemoteAgent", "RemoteAgentFactory", "RemoteSettings", "remote_settings"]

@@ -1,0 +1,3 @@
+from examples.remote_agent.agent import main
+
+main()

@@ -1,0 +1,236 @@
+"""A remote agent over the WebSocket protocol (agent.kind = "remote", docs/agent-protocol.md).
+
+Real peers: the example agent (examples/remote_agent/) as its own process, a voicegate server
+subprocess, SIPp callers, RTP captured on loopback, the reference payment provider. The link is
+dropped by the agent's ``POST /admin/drop`` or by killing the agent process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.harness import (
+    LOOPBACK,
+    ROOT,
+    Provider,
+    Server,
+    ServerFactory,
+    Sipp,
+    free_port,
+    wait_for,
+)
+from tests.integration.rtp_capture import Capture, RtpPacket
+
+SECRET = "example-agent-secret-0123456789"
+
+
+@dataclass
+class ExampleAgent:
+    """``python -m examples.remote_agent`` on a free loopback port."""
+
+    data_dir: Path
+    port: int = 0
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> ExampleAgent:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.port = self.port or free_port(udp_and_tcp=False)
+        env = {
+            **os.environ,
+            "REMOTE_AGENT_SECRET": SECRET,
+            "REMOTE_AGENT_URL": self.url,
+            "PYTHONPATH": str(ROOT),
+        }
+        with open(self.data_dir / "agent.log", "ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "examples.remote_agent", "--port", str(self.port)],
+                stdout=subprocess.PIPE,
+                stderr=log,
+                cwd=ROOT,
+                env=env,
+            )
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline().decode()
+        assert "listening on" in line, f"the example agent did not start: {line!r}"
+        return self
+
+    @property
+    def url(self) -> str:
+        return f"ws://{LOOPBACK}:{self.port}/agent"
+
+    def env(self, deadline_s: float = 3.0) -> dict[str, str]:
+        return {
+            "VOICEGATE_AGENT_KIND": "remote",
+            "VOICEGATE_AGENT_URL": self.url,
+            "VOICEGATE_AGENT_SECRET": SECRET,
+            "VOICEGATE_AGENT_RECONNECT_DEADLINE_S": str(deadline_s),
+        }
+
+    def drop(self, keep_streaming: bool = False) -> int:
+        query = "?keep_streaming=1" if keep_streaming else ""
+        request = urllib.request.Request(
+            f"http://{LOOPBACK}:{self.port}/admin/drop{query}", data=b"", method="POST"
+        )
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return int(json.loads(response.read())["dropped"])
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=5)
+        if self.process is not None and self.process.stdout is not None:
+            self.process.stdout.close()
+
+
+@pytest.fixture
+def agent(tmp_path: Path) -> Iterator[ExampleAgent]:
+    example = ExampleAgent(tmp_path / "agent").start()
+    try:
+        yield example
+    finally:
+        example.stop()
+
+
+def log_events(server: Server, event: str) -> list[dict[str, Any]]:
+    return [e for e in server.log_events() if e.get("event") == event]
+
+
+def ended(server: Server) -> dict[str, Any]:
+    found: dict[str, Any] = wait_for(
+        lambda: next((e for e in server.ended() if e), None), 15, "the session to end"
+    )
+    return found
+
+
+def test_the_example_agent_answers_a_call_and_the_session_completes(
+    server_factory: ServerFactory, agent: ExampleAgent, tmp_path: Path
+) -> None:
+    server = server_factory(**agent.env())
+    # The caller presses 9: the agent says goodbye and asks voicegate to hang up.
+    sipp = Sipp("uac-server-hangup.xml", server.sip_target, tmp_path)
+    assert sipp.run() == 0, sipp.errors()
+    end = ended(server)
+    assert (end["terminal_state"], end["reason"]) == ("completed", "caller pressed 9")
+    assert server.metric("voicegate_agent_protocol_errors_total", kind="schema") == 0
+    assert [e["new"] for e in log_events(server, "agent_link.state")][:1] == ["open"]
+
+
+def agent_log(agent: ExampleAgent) -> str:
+    return (agent.data_dir / "agent.log").read_text(errors="replace")
+
+
+def session_events(server: Server) -> list[dict[str, Any]]:
+    sessions = server.sessions()
+    assert len(sessions) <= 1
+    events: list[dict[str, Any]] = sessions[0]["events"] if sessions else []
+    return events
+
+
+def tone(packet: RtpPacket) -> bool:
+    """A frame of the example's 1 kHz tone (speech prompts never concentrate like this)."""
+    return packet.rms > 300 and abs(packet.peak_hz - 1000) <= 50 and packet.peak_share > 0.6
+
+
+def test_a_link_dropped_during_a_response_never_lets_the_old_response_reach_the_caller(
+    server_factory: ServerFactory, agent: ExampleAgent, tmp_path: Path
+) -> None:
+    server = server_factory(**agent.env())
+    capture = Capture(tmp_path / "rtp.pcap", server.rtp_min, server.rtp_max)
+    try:
+        sipp = Sipp("uac-remote-tone.xml", server.sip_target, tmp_path).start()
+        # The caller pressed 5: the agent streams its tone; a second of it has been sent.
+        wait_for(lambda: "a2: 1000 ms sent" in agent_log(agent), 15, "the tone to stream")
+        dropped_at = time.time()
+        # The agent goes on streaming the cut response after the resume: voicegate drops it.
+        assert agent.drop(keep_streaming=True) == 1
+        assert sipp.wait() == 0, sipp.errors()
+    finally:
+        packets = capture.stop()
+    end = ended(server)
+    assert (end["terminal_state"], end["reason"]) == ("completed", "caller pressed 9")
+    ports = range(server.rtp_min, server.rtp_max + 1)
+    sent = [p for p in packets if p.src_port in ports and p.payload_type == 8]
+    assert [p for p in sent if p.at < dropped_at and tone(p)], "the tone was playing"
+    # The cut: the first frame after the drop that is not the tone. None of it after that.
+    cut = next(p.at for p in sent if p.at >= dropped_at and not tone(p))
+    late = [p for p in sent if p.at > cut and tone(p)]
+    assert late == [], f"{len(late)} frames of the cut response after {cut:.3f}"
+
+    types = [e["type"] for e in session_events(server)]
+    assert types.count("agent_link_lost") == 1 and types.count("agent_link_restored") == 1
+    assert server.metric("voicegate_agent_link_resumes_total", result="resumed") == 1
+    # The agent did keep streaming: its chunks were dropped, counted, never played.
+    assert server.metric("voicegate_agent_chunks_dropped_total", reason="dead_response") > 0
+
+
+def test_a_link_dropped_during_a_tool_call_resumes_with_exactly_one_execution(
+    server_factory: ServerFactory, agent: ExampleAgent, tmp_path: Path
+) -> None:
+    provider = Provider(tmp_path / "provider").start()
+    try:
+        provider.set_faults(charge_delay_s=1.5)  # the charge is in flight for a while
+        server = server_factory(
+            **agent.env(),
+            **provider.tool_env(timeout_s=5.0),
+            VOICEGATE_TOOL_CHARGE_APPROVAL="none",
+        )
+        sipp = Sipp("uac-remote-pay.xml", server.sip_target, tmp_path).start()
+        wait_for(
+            lambda: "tool_request_sent" in [e["type"] for e in session_events(server)],
+            15,
+            "the charge request to be on the wire",
+        )
+        assert agent.drop() == 1
+        assert sipp.wait() == 0, sipp.errors()
+        end = ended(server)
+        assert (end["terminal_state"], end["reason"]) == ("completed", "caller pressed 9")
+        # One charge at the provider, whatever the agent asked again after its resume.
+        assert len(provider.charges()) == 1
+    finally:
+        provider.stop()
+    events = session_events(server)
+    assert [e["type"] for e in events].count("tool_request_sent") == 1
+    receipts = [e for e in events if e["type"] == "tool_receipt"]
+    assert [r["payload"]["outcome"] for r in receipts] == ["committed"], receipts
+    assert server.metric("voicegate_agent_link_resumes_total", result="resumed") == 1
+    # After its resume the agent asked again with the same call_id (it had no result yet):
+    # answered "pending" from voicegate's record, never sent to the provider again.
+    assert server.metric("voicegate_tool_duplicates_prevented_total", tool="charge") == 1
+    assert agent_log(agent).count("tool.result") == 2  # pending (duplicate), then committed
+
+
+def test_a_link_that_never_comes_back_ends_the_call_failed_with_the_caller_told(
+    server_factory: ServerFactory, agent: ExampleAgent, tmp_path: Path
+) -> None:
+    server = server_factory(**agent.env(deadline_s=2.0))
+    sipp = Sipp("uac-wait-for-bye.xml", server.sip_target, tmp_path).start()
+    wait_for(lambda: log_events(server, "agent_link.state"), 15, "the link to open")
+    agent.kill()
+    assert sipp.wait() == 0, sipp.errors()
+    end = ended(server)
+    assert (end["terminal_state"], end["stage"]) == ("failed", "agent_link")
+    assert end["reason"] == "agent link failed: not back within 2 s"
+    says = [x["prompt"] for e in session_events(server) for x in e["effects"] if x["kind"] == "say"]
+    assert "technical_problem" in says, says
+    assert server.metric("voicegate_agent_link_resumes_total", result="failed") == 1

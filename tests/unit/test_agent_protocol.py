@@ -1,0 +1,442 @@
+"""The remote-agent protocol without a socket: schemas in step with the code, the codec, seq/ack
+and replay, the token, and the adapter's mapping (docs/agent-protocol.md).
+
+Bad input of any shape is refused with an in-band error, counted, and changes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+from jsonschema import Draft202012Validator
+
+from agents.base import CallContext, MarkOutcome, ToolResult
+from agents.remote import auth
+from agents.remote.adapter import RemoteAgent, remote_settings
+from agents.remote.link import Link, LinkConfig
+from agents.remote.protocol import (
+    ACCEPTS,
+    SENDS,
+    Codec,
+    Inbox,
+    Outbox,
+    ProtocolError,
+    ReplayOverflow,
+    encode_agent_audio,
+)
+from agents.remote.schemas import SCHEMA_DIR, SchemaError, validate, validators
+from voicegate.observe.metrics import Metrics
+
+ROOT = Path(__file__).resolve().parents[2]
+SOURCES = [ROOT / "agents" / "remote" / n for n in ("adapter.py", "link.py", "protocol.py")]
+
+
+# --- the schemas and the code stay in step -------------------------------------------------------
+
+
+def _literal_types(path: Path) -> set[str]:
+    return set(re.findall(r'"type":\s*"([a-z.]+)"', path.read_text()))
+
+
+def test_every_message_type_has_a_schema_and_every_schema_is_used() -> None:
+    assert set(validators("to_agent")) == SENDS, "to_agent schemas vs protocol.SENDS"
+    assert set(validators("from_agent")) == ACCEPTS, "from_agent schemas vs protocol.ACCEPTS"
+    for path in SCHEMA_DIR.rglob("*.json"):
+        Draft202012Validator.check_schema(json.loads(path.read_text()))
+    sent = set().union(*(_literal_types(p) for p in SOURCES))
+    assert sent <= SENDS, f"sent without a schema: {sent - SENDS}"
+    # What voicegate sends with a literal, plus what protocol.py builds (error).
+    assert SENDS - sent <= {"error"}
+    handled = set(re.findall(r'case "([a-z.]+)"', (ROOT / "agents/remote/adapter.py").read_text()))
+    link_level = {"session.accept", "session.resumed", "error", "ping", "pong", "ack"}
+    assert handled | link_level == ACCEPTS
+    example = _literal_types(ROOT / "examples" / "remote_agent" / "agent.py")
+    assert example <= ACCEPTS, f"the example sends what voicegate refuses: {example - ACCEPTS}"
+
+
+def test_every_message_the_adapter_builds_matches_its_schema() -> None:
+    agent, call = _agent()
+    sent = _drive(agent, call)
+    types = {m["type"] for m in sent}
+    assert types >= SENDS - {"session.resume", "error", "ping", "pong", "ack", "audio.gap"}
+    for message in sent:
+        validate("to_agent", message)
+
+
+# --- the codec -----------------------------------------------------------------------------------
+
+VALID = {"type": "response.start", "seq": 1, "ack": 0, "response_id": "a1"}
+
+junk_values = st.one_of(
+    st.none(), st.booleans(), st.integers(-5, 2**70), st.text(max_size=80), st.lists(st.integers())
+)
+junk_messages = st.one_of(
+    st.text(max_size=200),
+    st.dictionaries(
+        st.sampled_from(["type", "seq", "ack", "response_id", "call_id", "tool", "arguments", "x"]),
+        st.one_of(junk_values, st.sampled_from(sorted(ACCEPTS | SENDS))),
+        max_size=6,
+    ).map(json.dumps),
+    st.builds(lambda k, v: json.dumps({**VALID, k: v}), st.sampled_from(list(VALID)), junk_values),
+)
+
+
+def _is_valid(text: str) -> bool:
+    try:
+        Codec("from_agent").decode_text(text)
+    except ProtocolError:
+        return False
+    return True
+
+
+@given(junk_messages)
+@settings(max_examples=300, deadline=None)
+def test_the_codec_refuses_junk_with_a_named_code(text: str) -> None:
+    try:
+        message = Codec("from_agent").decode_text(text)
+    except ProtocolError as exc:
+        assert exc.code in {"bad_json", "schema", "unknown_type", "too_large"}
+        # The error itself is a valid message, and names no value of the refused one.
+        validate("to_agent", {**exc.message(), "seq": 1, "ack": 0})
+        return
+    validate("from_agent", message)
+
+
+def test_an_oversized_frame_is_refused_before_it_is_parsed() -> None:
+    with pytest.raises(ProtocolError) as caught:
+        Codec("from_agent").decode_text(json.dumps({**VALID, "x": "a" * 70_000}))
+    assert caught.value.code == "too_large"
+
+
+def test_a_schema_error_names_the_field_never_the_value() -> None:
+    with pytest.raises(SchemaError) as caught:
+        validate(
+            "to_agent",
+            {
+                "type": "session.resume",
+                "seq": 0,
+                "ack": 0,
+                "session_id": "s1",
+                "resume_token": "short-secret",
+            },
+        )
+    assert "resume_token" in caught.value.detail and "short-secret" not in caught.value.detail
+
+
+@given(st.binary(max_size=300))
+def test_binary_frames_decode_or_are_refused(data: bytes) -> None:
+    try:
+        chunk = Codec("from_agent").decode_agent_audio(data)
+    except ProtocolError as exc:
+        assert exc.code in {"bad_frame", "too_large"}
+        return
+    assert encode_agent_audio(chunk.response_id, chunk.samples) == data
+
+
+@given(st.text("ab1.-", min_size=1, max_size=64), st.lists(st.integers(-32768, 32767)))
+def test_agent_audio_round_trips(response_id: str, samples: list[int]) -> None:
+    pcm = np.array(samples, dtype=np.int16)
+    chunk = Codec("from_agent").decode_agent_audio(encode_agent_audio(response_id, pcm))
+    assert chunk.response_id == response_id and np.array_equal(chunk.samples, pcm)
+
+
+# --- seq, ack and replay -------------------------------------------------------------------------
+
+
+@given(st.lists(st.one_of(st.just("send"), st.just("link"), st.integers(0, 40)), max_size=60))
+def test_replay_is_exactly_what_the_peer_has_not_acked_in_order(steps: list[Any]) -> None:
+    outbox, acked = Outbox(bound=100), 0
+    for item in steps:
+        if item == "send":
+            outbox.stamp({"type": "dtmf", "digit": "1"}, 0)
+        elif item == "link":
+            message = outbox.stamp({"type": "ping", "id": 1}, 0)
+            assert message["seq"] == outbox.seq  # link messages do not advance seq
+        elif item <= outbox.seq:
+            acked = max(acked, item)
+            outbox.acked(item)
+    replay = outbox.replay(acked, current_ack=7)
+    assert [m["seq"] for m in replay] == list(range(acked + 1, outbox.seq + 1))
+    assert all(m["ack"] == 7 for m in replay)
+
+
+def test_the_replay_buffer_is_bounded_and_overflow_is_never_silent() -> None:
+    outbox = Outbox(bound=3)
+    for _ in range(3):
+        outbox.stamp({"type": "output.stop"}, 0)
+    with pytest.raises(ReplayOverflow):
+        outbox.stamp({"type": "output.stop"}, 0)
+    outbox.acked(2)
+    outbox.stamp({"type": "output.stop"}, 0)  # room again once acked
+
+
+def test_the_inbox_takes_in_order_skips_duplicates_and_refuses_gaps() -> None:
+    inbox = Inbox()
+    assert inbox.take({"type": "mark", "seq": 1})
+    assert not inbox.take({"type": "mark", "seq": 1})  # a replayed duplicate
+    assert not inbox.take({"type": "ping", "seq": 9})  # link messages order nothing
+    with pytest.raises(ProtocolError) as caught:
+        inbox.take({"type": "mark", "seq": 3})
+    assert (caught.value.code, caught.value.fatal, inbox.seq) == ("seq_gap", True, 1)
+
+
+# --- bad input changes nothing and is counted ----------------------------------------------------
+
+
+class Owner:
+    def __init__(self) -> None:
+        self.messages: list[Mapping[str, Any]] = []
+        self.events: list[str] = []
+
+    def on_message(self, message: Mapping[str, Any]) -> None:
+        self.messages.append(message)
+
+    def on_chunk(self, data: bytes) -> None:
+        raise ProtocolError("unknown_response", "no such response")
+
+    def check_accept(self, message: Mapping[str, Any]) -> None:
+        pass
+
+    def link_up(self, resumed: bool) -> None:
+        self.events.append(f"up {resumed}")
+
+    def buffered_ms(self) -> int:
+        return 120
+
+    def link_down(self) -> None:
+        self.events.append("down")
+
+    def link_gone(self, reason: str) -> None:
+        self.events.append(f"gone {reason}")
+
+
+def _open_link(limit: int = 1000) -> tuple[Link, Owner, Metrics]:
+    owner, metrics = Owner(), Metrics()
+    link = Link(
+        LinkConfig("ws://agent.test/a", "s" * 16, max_protocol_errors=limit),
+        "sid1",
+        owner,
+        metrics,
+        now=lambda: 0.0,
+    )
+    link._handshaken = True
+    return link, owner, metrics
+
+
+def _errors(metrics: Metrics) -> float:
+    return sum(
+        s.value
+        for f in metrics.registry.collect()
+        if f.name == "voicegate_agent_protocol_errors"
+        for s in f.samples
+        if s.name.endswith("_total")
+    )
+
+
+@given(st.lists(junk_messages, min_size=1, max_size=8))
+@settings(max_examples=150, deadline=None)
+def test_bad_messages_change_nothing_and_are_counted(texts: list[str]) -> None:
+    for text in texts:
+        assume(not _is_valid(text))
+    link, owner, metrics = _open_link()
+    link._window = (0.0, -10_000)  # these tests are not about floods
+    for text in texts:
+        link._on_text(text)
+    assert owner.messages == [] and owner.events == []
+    assert link.inbox.seq == 0
+    assert _errors(metrics) == len(texts)
+    errors = link.outbox.replay(0, 0)
+    assert [m["type"] for m in errors] == ["error"] * len(texts)
+    for message in errors:
+        validate("to_agent", message)
+
+
+def test_a_ping_is_answered_with_the_buffered_milliseconds() -> None:
+    link, owner, _ = _open_link()
+    wire: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+    link._queue = wire
+    link._on_text(json.dumps({"type": "ping", "seq": 0, "ack": 0, "id": 7}))
+    kind, text = wire.get_nowait()
+    assert kind == "text"
+    pong = json.loads(text)
+    assert pong == {"type": "pong", "id": 7, "buffered_ms": 120, "seq": 0, "ack": 0}
+    validate("to_agent", pong)
+    assert link.outbox.unacked == 0 and owner.messages == []  # a link message is not kept
+
+
+def test_past_the_error_budget_the_link_is_closed_and_given_up() -> None:
+    link, _, _ = _open_link(limit=3)
+    for _ in range(3):
+        link._on_text("not json")
+    assert link._give_up_reason == "3 protocol errors"
+    last = link.outbox.replay(0, 0)[-1]
+    assert (last["code"], last["fatal"]) == ("bad_json", True)
+
+
+def test_a_flood_is_refused_past_its_rate() -> None:
+    link, owner, _ = _open_link()
+    for seq in range(1, 206):
+        link._on_text(
+            json.dumps({"type": "mark", "seq": seq, "ack": 0, "response_id": "a", "mark_id": "m"})
+        )
+    assert len(owner.messages) == 200
+    assert [m["code"] for m in link.outbox.replay(0, 0) if m["type"] == "error"] == ["flood"] * 5
+
+
+# --- the token -----------------------------------------------------------------------------------
+
+
+def test_a_token_verifies_only_for_its_secret_audience_and_lifetime() -> None:
+    token = auth.make_token("k" * 20, "sid1", "ws://a/agent", now=1000.0)
+    assert auth.verify_token("k" * 20, token, "ws://a/agent", now=1030.0)["sid"] == "sid1"
+    refusals = [
+        ("x" * 20, token, "ws://a/agent", 1030.0, "bad signature"),
+        ("k" * 20, token, "ws://b/agent", 1030.0, "issued for another agent"),
+        ("k" * 20, token, "ws://a/agent", 1061.0, "expired"),
+        ("k" * 20, token[:-2] + "AA", "ws://a/agent", 1030.0, "bad signature"),
+        ("k" * 20, "garbage", "ws://a/agent", 1030.0, "not a v1 token"),
+    ]
+    for secret, tok, audience, now, why in refusals:
+        with pytest.raises(auth.TokenError, match=why):
+            auth.verify_token(secret, tok, audience, now)
+
+
+# --- the adapter ---------------------------------------------------------------------------------
+
+
+class Handle:
+    def __init__(self, rid: str) -> None:
+        self.id, self.ended, self.played = rid, None, 0
+
+    @property
+    def alive(self) -> bool:
+        return self.ended is None
+
+    def play(self, samples: Any) -> bool:
+        if self.alive:
+            self.played += 1
+        return self.alive
+
+    def play_prompt(self, name: str) -> bool:
+        return self.alive
+
+    def mark(self, mark_id: str) -> bool:
+        return self.alive
+
+    def done(self) -> None:
+        self.ended = self.ended or "done"
+
+    def cancel(self) -> None:
+        self.ended = self.ended or "canceled"
+
+
+class Call:
+    rate = 8000
+    queued_ms = 0
+
+    def __init__(self) -> None:
+        self.handles: list[Handle] = []
+        self.tools: list[tuple[str, str | None]] = []
+        self.hangups: list[str] = []
+
+    def respond(self) -> Handle:
+        self.handles.append(Handle(f"r{len(self.handles) + 1}"))
+        return self.handles[-1]
+
+    def hangup(self, reason: str, *, after_playout: bool = True) -> None:
+        self.hangups.append(reason)
+
+    def request_tool(
+        self, tool: str, arguments: Mapping[str, Any], *, key: str | None = None
+    ) -> str:
+        self.tools.append((tool, key))
+        return key or ""
+
+    def call_soon(self, work: Any) -> None:
+        work()
+
+    def link_lost(self) -> None: ...
+
+    def link_restored(self) -> None: ...
+
+    def link_failed(self, reason: str) -> None: ...
+
+
+def _agent() -> tuple[RemoteAgent, Call]:
+    call = Call()
+    settings = remote_settings("ws://agent.test/a", "s" * 16, 3.0, 5.0, 1000, 8000, 10.0)
+    context = CallContext("sid1", "service", "***123", "PCMA", 8000)
+    return RemoteAgent(context, call, settings, Metrics()), call
+
+
+def _msg(agent: RemoteAgent, body: dict[str, Any]) -> None:
+    agent.link.inbox.seq += 1
+    agent.handle_message({**body, "seq": agent.link.inbox.seq, "ack": 0})
+
+
+def _drive(agent: RemoteAgent, call: Call) -> list[dict[str, Any]]:
+    async def run() -> None:
+        async def no_dial() -> None: ...
+
+        agent.link.run = no_dial  # type: ignore[method-assign]
+        await agent.on_start()
+        await agent.on_dtmf("5")
+        await agent.on_speech_started()
+        await agent.on_speech_turn(800)
+        _msg(agent, {"type": "response.start", "response_id": "a1"})
+        _msg(agent, {"type": "mark", "response_id": "a1", "mark_id": "m1"})
+        call.handles[0].ended = "interrupted"
+        await agent.on_response_interrupted(420)
+        await agent.on_mark(MarkOutcome("r1", "m1", "cleared"))
+        await agent.on_stop()
+        await agent.on_interrupted("agent_link")
+        await agent.on_resumed("agent_link")
+        _msg(agent, {"type": "tool.call", "call_id": "pay-1", "tool": "charge", "arguments": {}})
+        await agent.on_tool_result(
+            ToolResult("charge", call.tools[0][1] or "", "committed", {"id": "ch_1"})
+        )
+        await agent.on_end("caller hung up")
+
+    asyncio.run(run())
+    return agent.link.outbox.replay(0, 0)
+
+
+def test_the_same_agent_call_id_never_executes_twice() -> None:
+    agent, call = _agent()
+    body = {"type": "tool.call", "call_id": "pay-1", "tool": "charge", "arguments": {"a": 1}}
+    _msg(agent, body)
+    _msg(agent, body)  # asked again (after a resume, say) while it runs
+    assert len(call.tools) == 1
+    pending = agent.link.outbox.replay(0, 0)[-1]
+    assert (pending["outcome"], pending["duplicate"]) == ("pending", True)
+    asyncio.run(agent.on_tool_result(ToolResult("charge", call.tools[0][1] or "", "committed")))
+    _msg(agent, body)
+    again = agent.link.outbox.replay(0, 0)[-1]
+    assert (again["outcome"], again["duplicate"], len(call.tools)) == ("committed", True, 1)
+    with pytest.raises(ProtocolError, match="another request"):
+        _msg(agent, {**body, "arguments": {"a": 2}})
+
+
+def test_chunks_for_unknown_or_dead_responses_are_dropped_and_counted() -> None:
+    agent, call = _agent()
+    pcm = np.zeros(160, dtype=np.int16)
+    agent.on_chunk(encode_agent_audio("nope", pcm))
+    (error,) = agent.link.outbox.replay(0, 0)
+    assert (error["type"], error["code"], error["ref_seq"]) == ("error", "unknown_response", None)
+    _msg(agent, {"type": "response.start", "response_id": "a1"})
+    agent.on_chunk(encode_agent_audio("a1", pcm))
+    call.handles[0].ended = "interrupted"  # the caller barged in
+    agent.on_chunk(encode_agent_audio("a1", pcm))
+    assert call.handles[0].played == 1
+    dropped = agent.metrics.agent_chunks_dropped
+    assert dropped.labels("dead_response")._value.get() == 1
+    assert dropped.labels("unknown_response")._value.get() == 1
