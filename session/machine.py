@@ -221,21 +221,7 @@ def _on_dialog_failed(state: SessionState, event: ev.DialogFailed, now: float) -
 
 
 def _on_agent_failed(state: SessionState, event: ev.AgentFailed, now: float) -> Result:
-    out: Effects = []
-    reason = ending.with_unknown(f"agent failed: {event.reason}".rstrip(": "), state)
-    # A tool call whose outcome nobody knows yet needs a person, as on any other hang-up.
-    terminal = Terminal.NEEDS_HUMAN if state.outstanding else Terminal.FAILED
-    # The caller is told (seed 004: never dead air, never a silent loss), then hung up on.
-    return ending.terminate(
-        state,
-        terminal,
-        reason,
-        EndingStage.AGENT,
-        now,
-        out,
-        caller_present=state.signaling is not Signaling.GONE,
-        say="outcome_unknown" if state.outstanding else "technical_problem",
-    ), out
+    return _agent_gone(state, f"agent failed: {event.reason}", EndingStage.AGENT, now)
 
 
 def _on_session_expired(state: SessionState, event: ev.SessionExpired, now: float) -> Result:
@@ -301,16 +287,22 @@ def _on_agent_link_restored(state: SessionState, event: ev.AgentLinkRestored, no
 
 
 def _on_agent_link_failed(state: SessionState, event: ev.AgentLinkFailed, now: float) -> Result:
-    # Seed 000: past the deadline the ending is a transition with effects, never an exception;
-    # like an agent failure, the caller is told before the BYE (seed 004: no silent loss).
+    # Seed 000: past the deadline the ending is a transition with effects, never an exception.
+    return _agent_gone(state, f"agent link failed: {event.reason}", EndingStage.AGENT_LINK, now)
+
+
+def _agent_gone(state: SessionState, what: str, stage: EndingStage, now: float) -> Result:
+    """The agent (or its link) is gone for good: the call cannot go on without it."""
     out: Effects = []
-    reason = ending.with_unknown(f"agent link failed: {event.reason}".rstrip(": "), state)
+    reason = ending.with_unknown(what.rstrip(": "), state)
+    # A tool call whose outcome nobody knows yet needs a person, as on any other hang-up.
     terminal = Terminal.NEEDS_HUMAN if state.outstanding else Terminal.FAILED
+    # The caller is told (seed 004: never dead air, never a silent loss), then hung up on.
     return ending.terminate(
         state,
         terminal,
         reason,
-        EndingStage.AGENT_LINK,
+        stage,
         now,
         out,
         caller_present=_caller_present(state),
