@@ -111,3 +111,27 @@ class Capture:
         if self.process.stderr is not None:
             self.process.stderr.close()
         return read_rtp(self.path)
+
+
+@dataclass(frozen=True, slots=True)
+class BargeIn:
+    """A captured barge-in: what the server sent (PCMA), when the caller's speech began and
+    ended, and the cut (the last loud frame the server sent within 2 s of the onset)."""
+
+    sent: list[RtpPacket]
+    onset: float
+    speech_end: float
+    cut: float
+
+
+def barge_in(
+    packets: list[RtpPacket], server_ports: range, *, loud: float, voice: float
+) -> BargeIn:
+    sent = [p for p in packets if p.src_port in server_ports and p.payload_type == 8]
+    speech = [
+        p for p in packets if p.dst_port in server_ports and p.payload_type == 8 and p.rms > voice
+    ]
+    assert sent and speech, (len(sent), len(speech))
+    onset = speech[0].at
+    cut = max((p.at for p in sent if onset <= p.at <= onset + 2 and p.rms > loud), default=onset)
+    return BargeIn(sent, onset, speech[-1].at, cut)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.harness import ServerFactory, Sipp, wait_for
-from tests.integration.rtp_capture import Capture
+from tests.integration.rtp_capture import Capture, barge_in
 
 LOUD = 300.0  # RMS of a 20 ms A-law frame of prompt audio (silence decodes to +-8)
 VOICE = 60.0  # RMS from which the caller's capture counts as speech (its lead-in is +-8)
@@ -36,17 +36,11 @@ def test_speech_over_the_greeting_cuts_it_for_good(
         lambda: [s for s in server.sessions() if s["ended"]] or None, 10, "the session to end"
     )
 
-    server_port_range = range(server.rtp_min, server.rtp_max + 1)
-    sent = [p for p in packets if p.src_port in server_port_range and p.payload_type == 8]
-    heard = [p for p in packets if p.dst_port in server_port_range and p.payload_type == 8]
-    speech = [p for p in heard if p.rms > VOICE]
-    assert sent and speech, (len(sent), len(speech))
-    onset, speech_end = speech[0].at, speech[-1].at
+    captured = barge_in(packets, range(server.rtp_min, server.rtp_max + 1), loud=LOUD, voice=VOICE)
+    sent, onset, speech_end, cut = captured.sent, captured.onset, captured.speech_end, captured.cut
 
     prompt_before = [p for p in sent if p.at < onset and p.rms > LOUD]
     assert prompt_before, "the greeting was playing when the caller started talking"
-    # The last prompt frame the server sent after the onset: the cut.
-    cut = max((p.at for p in sent if onset <= p.at <= onset + 2 and p.rms > LOUD), default=onset)
     latency_ms = (cut - onset) * 1000
     assert latency_ms <= 60 + MIN_SPEECH_MS + JITTER_AND_TICKS_MS, latency_ms
     # Never resumed while the caller kept talking: only silence until the speech ended.

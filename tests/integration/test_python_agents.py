@@ -12,7 +12,7 @@ from collections import Counter
 from pathlib import Path
 
 from tests.integration.harness import ROOT, Server, ServerFactory, Sipp, wait_for
-from tests.integration.rtp_capture import Capture
+from tests.integration.rtp_capture import Capture, barge_in
 
 LOUD = 300.0  # RMS of a 20 ms A-law frame of agent audio (silence decodes to +-8)
 VOICE = 60.0  # RMS from which the caller's capture counts as speech
@@ -44,13 +44,9 @@ def test_a_stream_that_goes_on_after_a_barge_in_never_reaches_the_caller(
     (session,) = wait_for(
         lambda: [s for s in server.sessions() if s["ended"]] or None, 10, "the session to end"
     )
-    ports = range(server.rtp_min, server.rtp_max + 1)
-    sent = [p for p in packets if p.src_port in ports and p.payload_type == 8]
-    speech = [p for p in packets if p.dst_port in ports and p.payload_type == 8 and p.rms > VOICE]
-    assert sent and speech
-    onset = speech[0].at
+    captured = barge_in(packets, range(server.rtp_min, server.rtp_max + 1), loud=LOUD, voice=VOICE)
+    sent, onset, cut = captured.sent, captured.onset, captured.cut
     assert [p for p in sent if p.at < onset and p.rms > LOUD], "the agent was streaming"
-    cut = max((p.at for p in sent if onset <= p.at <= onset + 2 and p.rms > LOUD), default=onset)
     # The agent's task kept sending for the rest of the call: none of it was ever heard.
     late = [p for p in sent if p.at > cut and p.rms > LOUD]
     assert late == [], f"{len(late)} loud frames after the cut at {cut:.3f}"
