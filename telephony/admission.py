@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from telephony.offer_check import BadOffer
+
 # Longer than PJ_IOQUEUE_KEY_FREE_DELAY (500 ms), so a held slot outlives its sockets' quarantine.
 SLOT_HOLD_S = 0.6
 
@@ -64,16 +66,24 @@ class Admission:
             return True
         return False
 
-    def decide(self, *, live_calls: int, called_user: str, now: float) -> Decision:
+    def decide(
+        self, *, live_calls: int, called_user: str, now: float, bad_offer: BadOffer | None = None
+    ) -> Decision:
         """Decide an INVITE that PJSIP has turned into a call slot at ``now``.
 
-        ``live_calls`` counts this worker's calls not counting the new one.
+        ``live_calls`` counts this worker's calls not counting the new one; ``bad_offer`` is
+        telephony.offer_check's verdict on it. A refused INVITE costs the same sockets as an
+        accepted one, so the rate comes first: a flood of malformed offers refused at once would
+        exhaust the ioqueue as surely as a flood of calls (PROTOS c07-sip, sdp-connection-ip
+        replayed back to back aborted a worker this way).
         """
         if self.draining:
             # RFC 3261 21.5.4: 503 tells the front door to try another worker.
             return Decision(503, "draining", now)
         if not self._take_token(now):
             return Decision(503, "setup_rate", now + SLOT_HOLD_S)
+        if bad_offer is not None:
+            return Decision(bad_offer.status, bad_offer.reason, now)
         if self.numbers and called_user not in self.numbers:
             return Decision(404, "unknown_number", now)
         if live_calls >= self.max_calls:

@@ -291,22 +291,20 @@ class SipEndpoint:
         call.remote_uri = info.remoteUri
         call.remote_tag = header_tag(whole, "From") or ""
         now = time.monotonic()
-        bad = check_offer(whole)
+        bad = check_offer(whole, media_ipv6=":" in self.config.media_address)
         if bad is not None:
-            # PJSIP would abort the process on this offer when answering it: refuse it first.
-            self.post(ev.CallRefused(bad.status, bad.reason, info.remoteUri))
+            # PJSIP would abort the process on this offer when answering it: it is refused
+            # before anything is answered (at the set-up rate, like any INVITE: admission).
             log.warning(
-                "call refused: offer PJSIP cannot take",
+                "offer PJSIP cannot take",
                 extra={
                     "status": bad.status,
                     "reason": bad.reason,
                     "remote": mask_uri(info.remoteUri),
                 },
             )
-            self._refusals.refuse(call, bad.status, not_before=now, now=now)
-            return
         decision = self.admission.decide(
-            live_calls=len(self._calls), called_user=request_user(whole), now=now
+            live_calls=len(self._calls), called_user=request_user(whole), now=now, bad_offer=bad
         )
         if decision.status is not None:
             self.post(ev.CallRefused(decision.status, decision.reason, info.remoteUri))

@@ -11,10 +11,19 @@ not acceptable), counted by reason, and never becomes a session.
 PJSIP's parser is also liberal where RFC 4475 says a request must be refused, and would answer
 (and open a session for) an INVITE with a doubled Call-ID or a Request-Line with extra spaces.
 Those are refused here with the status the RFC names, before PJSIP answers them.
+
+A connection address must also be a numeric address of the media transport's family. PJSIP turns
+a ``c=`` (or ``a=rtcp``) host name into an address with a blocking ``gethostbyname`` on the SIP
+thread when the call is answered (``pj_sockaddr_in_set_str_addr``): a caller naming a host under a
+slow name server would stall every call of the worker for the resolver's timeout. An address of the
+other family (``IN IP6`` on an IPv4 media transport) cannot be reached, and PJSIP would answer 500
+after creating the call. Both are refused 488 (RFC 3264 section 6: an offer that cannot be answered
+is rejected; RFC 3261 section 21.4.26).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass
 
@@ -48,13 +57,14 @@ SINGLE_VALUED = {
 # The version is case-insensitive (RFC 3261 section 7.1).
 _REQUEST_LINE = re.compile(r"[!-~]+ [!-~]+ SIP/2\.0", re.IGNORECASE)
 _SDP_ACCEPTED = {"application/sdp", "application/*", "*/*"}
+_SP = " \t"
 
 
-def check_offer(whole_msg: str) -> BadOffer | None:
+def check_offer(whole_msg: str, *, media_ipv6: bool = False) -> BadOffer | None:
     """None if PJSIP can take this INVITE, else how to refuse it (status and a metric reason).
 
     ``whole_msg`` is the request as received (pjsua2's ``rdata.wholeMsg``), bare LF line ends
-    tolerated."""
+    tolerated; ``media_ipv6`` names the family of our media transport."""
     head, sep, body = whole_msg.partition("\r\n\r\n")
     if not sep:
         head, sep, body = whole_msg.partition("\n\n")
@@ -64,21 +74,42 @@ def check_offer(whole_msg: str) -> BadOffer | None:
     if not body.strip():
         return None  # no offer: PJSIP sends one in the 200 and reads the answer in the ACK
     for raw in body.splitlines():
-        line = raw.strip()
+        line = raw.strip(_SP)
         kind, eq, value = line.partition("=")
-        if not eq or len(kind) != 1:
+        if not eq or kind not in ("c", "o", "a") or (kind == "a" and not value.startswith("rtcp:")):
             continue
-        if kind in ("c", "o"):
-            # c=<nettype> <addrtype> <address>; o=<user> <id> <version> <nettype> <addrtype>
-            # <address> (RFC 4566 sections 5.2 and 5.7): the address is the last field.
-            fields = value.split()
-            if fields and len(fields[-1]) >= MAX_ADDRESS:
-                return BadOffer(488, "sdp_address_too_long")
-        elif kind == "a" and value.startswith("rtcp:"):
-            # a=rtcp:<port> [<nettype> <addrtype> <address>] (RFC 3605)
-            fields = value.split()
-            if len(fields) >= 4 and len(fields[-1]) >= MAX_ADDRESS:
-                return BadOffer(488, "sdp_address_too_long")
+        # Fields are split at SP and HTAB only (RFC 4566 section 5): Python's own split would
+        # also break at NBSP or NEL, which PJSIP's parser reads as part of a token.
+        fields = [f for f in re.split(f"[{_SP}]+", value) if f]
+        # PJ_MAX_HOSTNAME counts bytes: "åäö" is 6 of them in UTF-8.
+        if any(len(f.encode("utf-8", "surrogateescape")) >= MAX_ADDRESS for f in fields):
+            return BadOffer(488, "sdp_address_too_long")
+        bad = None
+        if kind == "c":
+            # c=<nettype> <addrtype> <connection-address> (RFC 4566 section 5.7); o= names an
+            # address too, but PJSIP never connects to it.
+            bad = _check_address(fields, media_ipv6)
+        elif kind == "a" and len(fields) >= 4:
+            # a=rtcp:<port> <nettype> <addrtype> <address> (RFC 3605 section 2.1)
+            bad = _check_address(fields[1:], media_ipv6)
+        if bad is not None:
+            return bad
+    return None
+
+
+def _check_address(fields: list[str], media_ipv6: bool) -> BadOffer | None:
+    """A connection address PJSIP can use without resolving it or failing on it."""
+    if len(fields) != 3:
+        return None  # PJSIP's SDP parser refuses the line itself
+    nettype, addrtype, address = fields[0].upper(), fields[1].upper(), fields[2].split("/", 1)[0]
+    if nettype != "IN" or addrtype != ("IP6" if media_ipv6 else "IP4"):
+        return BadOffer(488, "sdp_address_family")
+    try:
+        parsed = ipaddress.ip_address(address)
+    except ValueError:
+        return BadOffer(488, "sdp_address_not_numeric")
+    if parsed.version != (6 if media_ipv6 else 4):
+        return BadOffer(488, "sdp_address_family")
     return None
 
 

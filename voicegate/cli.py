@@ -147,6 +147,7 @@ def write_front_door_config(
         run_dir,
         settings.pool.probe_interval_s,
         settings.pool.source_max_rate,
+        media_ipv6=":" in settings.media.address,
     )
     door = dataclasses.replace(door, dispatcher_list=list_file)
     out.mkdir(parents=True, exist_ok=True)

@@ -10,6 +10,7 @@ so that every case reaches the call path and none holds a call slot afterwards.
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import re
 import socket
@@ -22,6 +23,7 @@ from pathlib import Path
 CORPUS = Path(__file__).resolve().parents[3] / "shared" / "sip-corpus" / "protos-c07-sip.tar.xz"
 _PDU = re.compile(rb"(\d+) ")
 QUIET_S = 0.3  # no answer at all in this long: the server dropped the message
+ADMIT_S = 10.0  # a case refused 503 for the set-up rate is sent again for this long
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,22 +60,38 @@ def _split(data: bytes) -> tuple[bytes, bytes]:
 
 def load(groups: set[str] | None = None, corpus: Path = CORPUS) -> Iterator[Case]:
     """The cases of ``groups`` (all when None), in case order."""
-    with tarfile.open(corpus) as archive:
-        names = {m.name.rsplit("/", 1)[-1]: m for m in archive.getmembers() if m.isfile()}
-        table = archive.extractfile(names["GROUPS.tsv"])
-        assert table is not None
-        spans = []
-        for row in csv.DictReader(io.TextIOWrapper(table), delimiter="\t"):
-            first, count = int(row["first_case"]), int(row["count"])
-            spans.append((row["group"], first, first + count))
-        for group, first, end in spans:
-            if groups is not None and group not in groups:
-                continue
-            for number in range(first, end):
-                member = archive.extractfile(names[f"{number:07d}"])
-                assert member is not None
-                invite, teardown = _split(member.read())
-                yield Case(number, group, invite, teardown)
+    files = _members(corpus)
+    spans = []
+    for row in csv.DictReader(io.StringIO(files["GROUPS.tsv"].decode()), delimiter="\t"):
+        first, count = int(row["first_case"]), int(row["count"])
+        spans.append((row["group"], first, first + count))
+    for group, first, end in spans:
+        if groups is not None and group not in groups:
+            continue
+        for number in range(first, end):
+            invite, teardown = _split(files[f"{number:07d}"])
+            yield Case(number, group, invite, teardown)
+
+
+@functools.cache
+def _members(corpus: Path) -> dict[str, bytes]:
+    """Every file of the archive by its base name, read in one pass: an xz stream cannot seek, so
+    reading members out of order would decompress it from the start each time."""
+    files = {}
+    with tarfile.open(corpus, "r|xz") as archive:
+        for member in archive:
+            data = archive.extractfile(member) if member.isfile() else None
+            if data is not None:
+                files[member.name.rsplit("/", 1)[-1]] = data.read()
+    return files
+
+
+def filled(case: Case, host: str = "127.0.0.1") -> str:
+    """The case's INVITE with its placeholders filled for ``host``, as text (what the server's
+    offer check reads)."""
+    values = {k.encode(): host.encode() for k in ("<From-IP>", "<From-Address>")}
+    values[b"<Local-Port>"] = b"5999"
+    return _fill(case.invite, values).decode("utf-8", "surrogateescape")
 
 
 def _fill(pdu: bytes, values: dict[bytes, bytes]) -> bytes:
@@ -100,6 +118,16 @@ class Replayer:
         self.sock.close()
 
     def replay(self, case: Case) -> Outcome:
+        """Replay ``case`` until the server takes it in: one refused 503 for the worker's set-up
+        rate never reached the call path, so it is sent again (a fresh Call-ID and branch), for
+        up to :data:`ADMIT_S`."""
+        deadline = time.monotonic() + ADMIT_S
+        while True:
+            outcome = self._replay_once(case)
+            if outcome.final != 503 or time.monotonic() > deadline:
+                return outcome
+
+    def _replay_once(self, case: Case) -> Outcome:
         host = self.target[0].encode()
         call_id = f"protos-{case.number}-{time.monotonic_ns()}".encode()
         values = {
@@ -113,13 +141,15 @@ class Replayer:
             b"<CSeq>": b"1",
         }
         invite = _fill(case.invite, values)
+        # The sip-call-id groups mutate the Call-ID itself: match the answers by what was sent.
+        call_id = _header(invite, b"Call-ID") or call_id
         if len(invite) > 65507:
             return Outcome(case.number, case.group, None, False)  # only fits over TCP
         self.sock.sendto(invite, self.target)
-        final, to_header = self._final_response(call_id)
-        if final is not None and 200 <= final < 300 and to_header is not None:
+        final, response = self._final_response(call_id)
+        if final is not None and 200 <= final < 300 and response is not None:
             if self.ack:
-                self._ack_and_bye(invite, to_header)
+                self._ack_and_bye(invite, response)
             return Outcome(case.number, case.group, final, True)
         if final is None:
             # Still ringing (or silent): the case's own CANCEL, same branch as the INVITE.
@@ -132,9 +162,9 @@ class Replayer:
     def _final_response(
         self, call_id: bytes, wait_s: float | None = None
     ) -> tuple[int | None, bytes | None]:
-        """The INVITE's final status and To header. A server that says nothing at all within
-        :data:`QUIET_S` dropped the message (as it may, for garbage); one that answered with a
-        provisional is given the whole ``wait_s``."""
+        """The INVITE's final status and the response itself. A server that says nothing at all
+        within :data:`QUIET_S` dropped the message (as it may, for garbage); one that answered
+        with a provisional is given the whole ``wait_s``."""
         start = time.monotonic()
         deadline = start + (self.wait_s if wait_s is None else wait_s)
         heard = False
@@ -155,12 +185,24 @@ class Replayer:
             heard = True
             status = int(data[8:11])
             if status >= 200 and b" INVITE" in _header(data, b"CSeq"):
-                return status, _header(data, b"To")
+                return status, data
         return None, None
 
-    def _ack_and_bye(self, invite: bytes, to_header: bytes) -> None:
+    def _ack_and_bye(self, invite: bytes, response: bytes) -> None:
         head = invite.partition(b"\r\n\r\n")[0].split(b"\r\n")
+        to_header = _header(response, b"To")
         request_uri = head[0].split(b" ")[1]
+        # Through a proxy that recorded its route (the pool's Kamailio), the dialog's requests go
+        # to the remote target (the 200's Contact) along the route set: the Record-Route values
+        # in reverse order (RFC 3261 section 12.1.2).
+        routes = [
+            b"Route: " + value.strip()
+            for value in reversed(b",".join(_headers(response, b"Record-Route")).split(b","))
+            if value.strip()
+        ]
+        contact = _uri(_header(response, b"Contact"))
+        if routes and contact:
+            request_uri = contact
         kept = [h for h in head[1:] if h.split(b":", 1)[0].lower() in (b"via", b"from", b"call-id")]
         for method, cseq in ((b"ACK", b"1 ACK"), (b"BYE", b"2 BYE")):
             via = [
@@ -174,6 +216,7 @@ class Replayer:
                     method + b" " + request_uri + b" SIP/2.0",
                     *via,
                     b"To: " + to_header,
+                    *routes,
                     b"CSeq: " + cseq,
                     b"Max-Forwards: 70",
                     b"Content-Length: 0",
@@ -195,8 +238,22 @@ class Replayer:
 
 
 def _header(message: bytes, name: bytes) -> bytes:
-    for line in message.split(b"\r\n"):
+    values = _headers(message, name)
+    return values[0] if values else b""
+
+
+def _headers(message: bytes, name: bytes) -> list[bytes]:
+    """Every value of header ``name`` (long form) in the head of ``message``."""
+    found = []
+    for line in message.partition(b"\r\n\r\n")[0].split(b"\r\n"):
         key, _, value = line.partition(b":")
         if key.strip().lower() == name.lower():
-            return value.strip()
-    return b""
+            found.append(value.strip())
+    return found
+
+
+def _uri(name_addr: bytes) -> bytes:
+    """The URI of a name-addr (``<sip:...>;params``) or of a bare addr-spec."""
+    if b"<" in name_addr:
+        return name_addr.partition(b"<")[2].partition(b">")[0]
+    return name_addr.partition(b";")[0].strip()

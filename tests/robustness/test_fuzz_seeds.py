@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import re
 import socket
-import time
 import zipfile
 from collections import Counter
 from pathlib import Path
@@ -31,14 +30,11 @@ import pytest
 
 from tests.integration.harness import LOOPBACK, Server, ServerFactory, Sipp, wait_for
 from tests.robustness.protos import CORPUS
-from tests.robustness.torture import Outcome, Replayer, Transport, options
+from tests.robustness.torture import Replayer, Transport, options, replay_admitted
 
 SEEDS = CORPUS.parent / "pjproject-fuzz-seeds"
 pytestmark = pytest.mark.skipif(not SEEDS.is_dir(), reason=f"no fuzz seeds at {SEEDS}")
 
-# An INVITE over the worker's set-up rate is answered 503 after the slot hold
-# (telephony/admission.py) and never reaches the call path: sent again until admitted, this long.
-ADMIT_S = 10.0
 TRANSPORTS: tuple[Transport, ...] = ("udp", "tcp")
 
 
@@ -77,14 +73,6 @@ def sip_messages(transport: Transport) -> list[tuple[str, bytes]]:
         (name, offer(sdp, transport, n)) for n, (name, sdp) in enumerate(seeds("fuzz-sdp"))
     ]
     return messages
-
-
-def replay_admitted(replayer: Replayer, message: bytes) -> Outcome:
-    deadline = time.monotonic() + ADMIT_S
-    while True:
-        outcome = replayer.replay(message)  # a fresh top-Via branch each time
-        if outcome.status != 503 or time.monotonic() > deadline:
-            return outcome
 
 
 def test_sip_seeds_over_udp_and_tcp(server_factory: ServerFactory, tmp_path: Path) -> None:

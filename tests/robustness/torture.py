@@ -407,6 +407,22 @@ def _options(target: tuple[str, int], channel: Channel, call_id: bytes) -> bytes
     ).encode()
 
 
+# An INVITE over the worker's set-up rate (malformed ones included: each costs PJSIP the same
+# sockets) is answered 503 after the slot hold (telephony/admission.py) and never reaches the
+# call path: sent again until admitted, this long.
+ADMIT_S = 10.0
+
+
+def replay_admitted(replayer: Replayer, message: bytes) -> Outcome:
+    """``message`` replayed until the server takes it in: not refused 503 for its set-up rate
+    (each replay gets a fresh top-Via branch)."""
+    deadline = time.monotonic() + ADMIT_S
+    while True:
+        outcome = replayer.replay(message)
+        if outcome.status != 503 or time.monotonic() > deadline:
+            return outcome
+
+
 def options(
     host: str, port: int, transport: Transport = "udp", *, sentinel: bool = True
 ) -> int | None:

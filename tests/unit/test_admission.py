@@ -4,6 +4,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from telephony.admission import SLOT_HOLD_S, Admission
+from telephony.offer_check import BadOffer
 
 
 def test_accepts_until_the_ceiling_then_486() -> None:
@@ -33,6 +34,21 @@ def test_over_the_rate_is_503_held_past_the_socket_quarantine() -> None:
     decision = adm.decide(live_calls=0, called_user="x", now=10.1)
     assert (decision.status, decision.reason) == (503, "setup_rate")
     assert decision.not_before == 10.1 + SLOT_HOLD_S
+
+
+def test_a_bad_offer_is_refused_with_its_status_but_never_faster_than_the_rate() -> None:
+    # Its call slot cost PJSIP the same two sockets as a good call's: a flood of bad offers
+    # refused at once aborted a worker on ioqueue exhaustion.
+    adm = Admission(max_calls=4, rate=1, burst=1)
+    bad = BadOffer(488, "sdp_address_not_numeric")
+    first = adm.decide(live_calls=0, called_user="x", now=10.0, bad_offer=bad)
+    assert (first.status, first.reason, first.not_before) == (488, "sdp_address_not_numeric", 10.0)
+    second = adm.decide(live_calls=0, called_user="x", now=10.1, bad_offer=bad)
+    assert (second.status, second.reason) == (503, "setup_rate")
+    assert second.not_before == 10.1 + SLOT_HOLD_S
+    # And it is refused even when the number is unknown or the worker full.
+    adm = Admission(max_calls=1, rate=50, numbers=frozenset({"100"}))
+    assert adm.decide(live_calls=1, called_user="200", now=0, bad_offer=bad).status == 488
 
 
 @given(

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from telephony.offer_check import MAX_ADDRESS, BadOffer, check_offer
 
 HEAD = (
@@ -19,7 +22,7 @@ def _sdp(connection: str = "127.0.0.1", origin: str = "127.0.0.1", extra: str = 
 def test_an_ordinary_offer_and_no_offer_pass() -> None:
     assert check_offer(HEAD + _sdp()) is None
     assert check_offer(HEAD) is None
-    assert check_offer(HEAD + _sdp(connection="a" * (MAX_ADDRESS - 1))) is None
+    assert check_offer(HEAD + _sdp(origin="a" * (MAX_ADDRESS - 1))) is None
 
 
 def test_an_address_pjsip_asserts_on_is_refused_488() -> None:
@@ -54,3 +57,29 @@ def test_malformed_invites_pjsip_would_answer_are_refused_as_rfc_4475_says() -> 
     # A folded header line is a continuation, not a second header.
     folded = HEAD.replace("Call-ID: x\r\n", "Call-ID: x\r\n y\r\n") + sdp
     assert check_offer(folded) is None
+
+
+def test_a_connection_address_must_be_numeric_and_of_the_media_family() -> None:
+    # A host name would be resolved with a blocking gethostbyname on the SIP thread.
+    by_name = BadOffer(488, "sdp_address_not_numeric")
+    assert check_offer(HEAD + _sdp(connection="media.example.com")) == by_name
+    assert check_offer(HEAD + _sdp(connection="1.2.3")) == by_name
+    assert check_offer(HEAD + _sdp(extra="a=rtcp:9877 IN IP4 rtcp.example.com\r\n")) == by_name
+    # Multicast with a TTL, the hold address and a plain rtcp port are fine; o= is never used.
+    assert check_offer(HEAD + _sdp(connection="224.2.1.1/127")) is None
+    assert check_offer(HEAD + _sdp(connection="0.0.0.0")) is None
+    assert check_offer(HEAD + _sdp(extra="a=rtcp:9877\r\n")) is None
+    assert check_offer(HEAD + _sdp(origin="host.example.com")) is None
+    # The other family cannot be reached from our media transport (PJSIP answered 500).
+    family = BadOffer(488, "sdp_address_family")
+    ipv6 = _sdp().replace("c=IN IP4 127.0.0.1", "c=IN IP6 ::1")
+    assert check_offer(HEAD + ipv6) == family
+    assert check_offer(HEAD + _sdp(connection="::1")) == family
+    assert check_offer(HEAD + ipv6, media_ipv6=True) is None
+    assert check_offer(HEAD + _sdp(), media_ipv6=True) == family
+
+
+@given(st.text(alphabet=st.characters(codec="latin-1"), max_size=300))
+def test_any_connection_line_is_taken_or_refused_488_never_raises(address: str) -> None:
+    bad = check_offer(HEAD + _sdp(connection=address.replace("\r", "").replace("\n", "")))
+    assert bad is None or bad.status == 488

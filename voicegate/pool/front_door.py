@@ -207,7 +207,13 @@ async def relay_masked(stream: asyncio.StreamReader, out: TextIO | None = None) 
 
 
 def front_door_for(
-    address: str, port: int, run_dir: Path, probe_interval_s: int, source_max_rate: float
+    address: str,
+    port: int,
+    run_dir: Path,
+    probe_interval_s: int,
+    source_max_rate: float,
+    *,
+    media_ipv6: bool = False,
 ) -> FrontDoor:
     return FrontDoor(
         address=address,
@@ -217,6 +223,7 @@ def front_door_for(
         runtime_dir=run_dir,
         probe_interval_s=probe_interval_s,
         source_max_rate=source_max_rate,
+        media_ipv6=media_ipv6,
     )
 
 

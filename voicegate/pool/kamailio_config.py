@@ -29,9 +29,32 @@ STAT_MALFORMED = "vg_malformed"
 # falls back under the limit.
 PIKE_UNIT_S = 2
 PIKE_REMOVE_S = 4
-# The offers telephony/offer_check.py refuses, as a POSIX regex on the SDP body: an address of
-# 254 characters or more (PJ_MAX_HOSTNAME) makes the worker's PJSIP assert and abort.
-BAD_OFFER_RE = "^([co]=|a=rtcp:).* [[:graph:]]{254,}"
+# The offers telephony/offer_check.py refuses, as POSIX regexes on the SDP body (Kamailio
+# matches them case-insensitively, line by line): an address of 254 characters or more
+# (PJ_MAX_HOSTNAME) makes the worker's PJSIP assert and abort; a connection address that is a
+# host name (PJSIP would resolve it with a blocking lookup on the worker's SIP thread) or of the
+# other family than the workers' media. The worker checks the same, and more strictly.
+BAD_OFFER_RE = "^([co]=|a=rtcp:)(.*[[:blank:]])?[^[:space:]]{254,}"
+_CONNECTION = "^(c=|a=rtcp:[0-9]+ )IN "
+_END = "([/[:space:]]|$)"  # the address ends: a multicast TTL, the line's end
+# An IPv4 address that is not a dotted quad of 0-255: one that a resolver would be asked about.
+# A dot is "[.]": the script's string lexer has escapes of its own.
+_NOT_A_QUAD = "|".join(
+    (
+        "[0-9./]*[^0-9./[:space:]]",  # a character no IPv4 literal has (a host name)
+        "([0-9]*[.])*[0-9]{4}",  # a part of four digits or more
+        "([0-9]+[.])*(25[6-9]|2[6-9][0-9]|[3-9][0-9]{2})" + _END,  # a part above 255
+        "[0-9]+([.][0-9]+){0,2}" + _END,  # fewer than four parts
+        "[0-9]+([.][0-9]+){4}",  # more than four
+        "[0-9.]*([.][.]|[.]" + _END + ")",  # an empty part
+        "[.]",  # ... or a leading one
+    )
+)
+_NOT_IN = "^(c=|a=rtcp:[0-9]+ )([^I[:space:]]|I[^N[:space:]]|IN[^[:space:]])"  # not network IN
+BAD_ADDRESS_RE = {
+    False: _NOT_IN + "|" + _CONNECTION + "(IP6|IP4 (" + _NOT_A_QUAD + "))",
+    True: _NOT_IN + "|" + _CONNECTION + "(IP4|IP6 [0-9a-f:./]*[^0-9a-f:./[:space:]])",
+}
 DISPATCHER_SET = 1
 
 
@@ -49,6 +72,7 @@ class FrontDoor:
     server_header: str = "voicegate"
     # New requests per second taken from one source address (pike); 0: no limit.
     source_max_rate: float = 30.0
+    media_ipv6: bool = False  # the family of the workers' media transport
 
 
 def _host(address: str) -> str:
@@ -187,7 +211,8 @@ request_route {{
         # A retransmission of an INVITE already being relayed.
         exit;
     }}
-    if (has_body("application/sdp") && search_body("{BAD_OFFER_RE}")) {{
+    if (has_body("application/sdp")
+        && (search_body("{BAD_OFFER_RE}") || search_body("{BAD_ADDRESS_RE[door.media_ipv6]}"))) {{
         # An offer the workers' PJSIP would abort on: no worker ever sees it.
         update_stat("{STAT_BAD_OFFER}", "+1");
         sl_send_reply("488", "Not Acceptable Here");

@@ -157,6 +157,7 @@ class Supervisor:
                 self.run_dir,
                 self.pool.probe_interval_s,
                 self.pool.source_max_rate,
+                media_ipv6=":" in self.settings.media.address,
             )
             if not unix_socket_path_ok(door.ctl_socket):
                 raise SupervisorStartError(
