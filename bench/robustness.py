@@ -128,6 +128,14 @@ def main() -> None:
         if replayed % 500 == 0:
             print(f"  {replayed} cases, {time.monotonic() - started:.0f} s", flush=True)
     assert server.process is not None
+    # No slot outlives the ACK timer and the local end of an unanswered BYE (telephony/half_open.py,
+    # dialog_end.py): the worker must be empty by then, whatever the last cases left.
+    last_case = time.monotonic()
+    slot_bound_s = float(args.ack_timeout) + 4.0 + 2.0
+    while server.live_calls() and time.monotonic() - last_case < slot_bound_s:
+        time.sleep(0.2)
+    held = len(server.live_calls())
+    emptied_s = time.monotonic() - last_case
     rss_after = rss_mib(server.process.pid)
     half_open = sum(s.metric("voicegate_calls_half_open_total") for s in servers[-1:])
     ended_locally = sum(s.metric("voicegate_dialogs_ended_locally_total") for s in servers[-1:])
@@ -151,6 +159,10 @@ def main() -> None:
     if args.no_ack:
         print(f"half-open calls ended by the worker: {half_open:.0f} (sip.ack_timeout_s)")
         print(f"dialogs ended locally (BYE unanswered): {ended_locally:.0f}")
+    print(
+        f"calls still on the line {slot_bound_s:g} s after the last case: {held}"
+        f" (empty {emptied_s:.1f} s after it)"
+    )
     print(f"sessions left open after the run: {left_open}")
     print(f"worker RSS: {rss_before:.1f} MiB before, {rss_after:.1f} MiB after (last worker)")
 
