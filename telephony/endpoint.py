@@ -30,6 +30,7 @@ from telephony.calls import ReferredCall, SipAccount, SipCall, SipLibrary
 from telephony.dialog_end import DialogKey, DialogTerminator, Lingering
 from telephony.frame_copy import select_copier
 from telephony.half_open import HalfOpen
+from telephony.inbound_context import read_context
 from telephony.library import (
     EndpointConfig,
     LogWriter,
@@ -334,6 +335,7 @@ class SipEndpoint:
                 local_uri=info.localUri,
                 called_user=request_user(whole),
                 transport=via_transport(whole),
+                context=read_context(whole).as_meta(),
             )
         )
 

@@ -6,7 +6,8 @@ own id for the call (also its session id), never PJSIP's index, which is reused.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -39,6 +40,9 @@ class CallOffered:
     local_uri: str
     called_user: str
     transport: str
+    context: Mapping[str, object] = field(default_factory=dict)
+    """What the session's metadata records of the INVITE's context headers
+    (telephony.inbound_context): ``context`` and ``context_dropped``, or nothing."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -238,14 +238,18 @@ class LiveCall:
 
     async def run(self) -> None:
         services = self._services
-        meta = {
-            "caller": mask_uri(self.offer.remote_uri),
+        caller = mask_uri(self.offer.remote_uri)
+        meta: dict[str, object] = {
+            "caller": caller,
             "called_user": self.offer.called_user,
             "transport": self.offer.transport,
             "sip_call_id": self.offer.sip_call_id,
+            # A call transferred in: the centre's User-to-User and X- headers, bounded and
+            # validated on the SIP thread (telephony.inbound_context).
+            **self.offer.context,
         }
         offered = sev.CallOffered(
-            caller=meta["caller"], called_user=self.offer.called_user, policy=services.policy()
+            caller=caller, called_user=self.offer.called_user, policy=services.policy()
         )
         call_id, owner, at = self.call_id, services.owner, self.started_at
         lease = await asyncio.wrap_future(
@@ -257,7 +261,13 @@ class LiveCall:
         self._steps.apply(offered)
         services.metrics.calls_offered.inc()
         services.metrics.calls_active.inc()
-        log.info("call.offered", extra={"call_id": self.call_id, **meta})
+        # Context values stay out of the log (a centre may put anything in an X- header): their
+        # names say enough there; the session's metadata has them.
+        said = {k: v for k, v in meta.items() if k not in ("context", "context_dropped")}
+        context = self.offer.context.get("context")
+        if isinstance(context, dict) and context:
+            said["context_headers"] = sorted(context)
+        log.info("call.offered", extra={"call_id": self.call_id, **said})
         # The session is durable before the caller hears anything from us.
         await self._steps.settled()
         if services.answer_after_s > 0:
