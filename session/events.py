@@ -39,6 +39,28 @@ class CallOffered(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class CallPlaced(Event):
+    """The first event of a session whose call voicegate places (an outbound leg,
+    session.legs): it rings at ``target`` (masked) for at most ``ring_timeout_s``. ``policy``
+    as for :class:`CallOffered`."""
+
+    type: ClassVar[str] = "call_placed"
+    target: str = ""
+    ring_timeout_s: float = 30.0
+    policy: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class LegUnanswered(Event):
+    """An outbound leg ended before it was answered: the callee's final answer (``status``
+    486, 603, 404, ...), or ours for a call that never left (503, "no free call slot")."""
+
+    type: ClassVar[str] = "leg_unanswered"
+    status: int = 0
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class CallAnswered(Event):
     type: ClassVar[str] = "call_answered"
 
@@ -288,6 +310,8 @@ EVENT_TYPES: dict[str, type[Event]] = {
     cls.type: cls
     for cls in (
         CallOffered,
+        CallPlaced,
+        LegUnanswered,
         CallAnswered,
         ReinviteStarted,
         ReinviteFinished,

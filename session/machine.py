@@ -35,9 +35,9 @@ from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
 from session import effects as fx
-from session import ending
+from session import ending, legs
 from session import events as ev
-from session.deadlines import Timer, arm, arm_no_input, drop_all, forget
+from session.deadlines import Timer, arm, arm_no_input, drop, drop_all, forget
 from session.errors import GateClosed, IllegalTransition, SessionTerminated
 from session.gate import reconcile, require_open, set_gate
 from session.playback import bump_generation, cut_playback, end_response
@@ -98,6 +98,7 @@ def _on_call_offered(state: SessionState, event: ev.CallOffered, now: float) -> 
 
 def _on_call_answered(state: SessionState, event: ev.CallAnswered, now: float) -> Result:
     out: Effects = []
+    state = drop(state, (Timer.RING,), out)  # an outbound leg's (session.legs)
     if state.policy.max_duration_s > 0:
         state = arm(state, Timer.MAX_DURATION, now + state.policy.max_duration_s, 0, out)
     state = replace(
@@ -448,6 +449,10 @@ def _on_deadline_fired(state: SessionState, event: ev.DeadlineFired, now: float)
     out: Effects = []
     state = forget(state, (event.name,))
     caller_present = _caller_present(state)
+    if event.name == Timer.RING:
+        if state.signaling is not Signaling.OFFERED:
+            return state, _ignored(event, "the leg is no longer ringing")
+        return legs.on_ring_timeout(state, now, out), out
     if event.name == Timer.TRANSFER:
         # No final NOTIFY in time: we stop waiting (seed 001: a deadline) and take the caller
         # back; a NOTIFY that still comes is stale.
@@ -650,6 +655,10 @@ _NOT_UP = Refuse("the call is not up")
 TRANSITIONS: Mapping[type[ev.Event], Rule[Any]] = {rule.event: rule for rule in (
     # signaling
     Rule(ev.CallOffered, BEFORE_OFFER, _on_call_offered, Refuse("the call was already offered")),
+    Rule(ev.CallPlaced, BEFORE_OFFER, legs.on_call_placed,
+         Refuse("the call was already offered")),
+    Rule(ev.LegUnanswered, OFFERED, legs.on_leg_unanswered,
+         Refuse("only a ringing outbound leg goes unanswered")),
     Rule(ev.CallAnswered, OFFERED, _on_call_answered,
          Refuse("only an offered call can be answered")),
     Rule(ev.ReinviteStarted, DIALOG_UP, _on_reinvite_started,

@@ -53,7 +53,9 @@ def test_every_event_type_has_exactly_one_rule() -> None:
 
 def test_only_the_offer_and_the_forced_endings_apply_before_the_offer() -> None:
     before_offer = {e.type for e, rule in TRANSITIONS.items() if Signaling.NONE in rule.legal_in}
-    assert before_offer == {"call_offered", "operator_resolution", "session_reaped"}
+    assert before_offer == {
+        "call_offered", "call_placed", "operator_resolution", "session_reaped"
+    }
 
 
 PAIRS = [
