@@ -551,6 +551,29 @@ class TransferSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class OutboundSettings:
+    allowed_targets: tuple[str, ...] = field(
+        default=(),
+        metadata=key(
+            sip_uri_patterns(),
+            "The only URIs POST /v1/calls may call (toll fraud): patterns with * such as "
+            '"sip:*@callcentre.example.com"; empty = no outbound calls (the API answers 403)',
+        ),
+    )
+    ring_timeout_s: float = field(
+        default=30.0,
+        metadata=key(
+            float_range(1, 300),
+            "How long an outbound call may ring before voicegate gives it up (CANCEL): outcome "
+            "no_answer, the session ends timed_out at stage ringing",
+        ),
+    )
+
+    def allows(self, target: str) -> bool:
+        return target_allowed(target, self.allowed_targets)
+
+
+@dataclass(frozen=True, slots=True)
 class LogSettings:
     level: str = field(
         default="info",
@@ -590,6 +613,7 @@ class Settings:
     pool: PoolSettings = field(default_factory=PoolSettings)
     agent: AgentSettings = field(default_factory=AgentSettings)
     transfer: TransferSettings = field(default_factory=TransferSettings)
+    outbound: OutboundSettings = field(default_factory=OutboundSettings)
     log: LogSettings = field(default_factory=LogSettings)
     faults: FaultSettings = field(default_factory=FaultSettings)
     # Not a [section] of keys: [tools.<name>] tables, read by config.tools.

@@ -63,6 +63,7 @@ class SipCall(pj.Call):  # type: ignore[misc]
         self.owner = owner
         self.call_id = uuid.uuid4().hex
         self.accepted = False
+        self.outbound = False  # placed by us (telephony.events.Dial), not offered to us
         self.answered = False
         self.local_hangup = False
         self.bridge: MediaPort | None = None

@@ -27,6 +27,7 @@ import pjsua2 as pj
 from telephony import events as ev
 from telephony.admission import Admission
 from telephony.calls import ReferredCall, SipAccount, SipCall, SipLibrary
+from telephony.dial import place_call
 from telephony.dialog_end import DialogKey, DialogTerminator, Lingering
 from telephony.frame_copy import select_copier
 from telephony.half_open import HalfOpen
@@ -278,6 +279,21 @@ class SipEndpoint:
                 call.probe(generation, attempt)
             case ev.Transfer(call_id=call_id, target=target, headers=headers):
                 self._refers.send(self._calls.get(call_id), call_id, target, headers)
+            case ev.Dial():
+                self._dial(command)
+
+    def _dial(self, command: ev.Dial) -> None:
+        refusal = place_call(
+            self,
+            self._account,
+            self._calls,
+            command,
+            draining=self.admission.draining,
+            max_calls=self.config.max_calls,
+        )
+        if refusal is not None:
+            log.info("outbound call not placed", extra={"call_id": command.call_id, "why": refusal})
+            self.post(ev.CallEnded(command.call_id, "server", 503, refusal, answered=False))
 
     def on_transfer_request(self, call: SipCall, prm: Any) -> None:
         self._refers.on_request(call, prm, self._account)

@@ -235,4 +235,19 @@ class Transfer:
     headers: tuple[tuple[str, str], ...] = ()
 
 
-SipCommand = Answer | Hangup | Drain | ProbeDialog | Transfer
+@dataclass(frozen=True, slots=True)
+class Dial:
+    """Place an outbound call: an INVITE to ``target`` (a bare SIP URI) with ``headers`` on it,
+    as call ``call_id`` (voicegate's id: its session is durable before this is sent).
+
+    Answered, it reports :class:`CallAnswered` and :class:`MediaReady` like an inbound call; not
+    answered, :class:`CallEnded` with ``answered`` False and the callee's final status. An INVITE
+    that cannot be sent (no free call slot, draining, PJSIP refused it) is reported at once as a
+    :class:`CallEnded` with status 503 and why. :class:`Hangup` before the answer CANCELs it."""
+
+    call_id: str
+    target: str
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+SipCommand = Answer | Hangup | Drain | ProbeDialog | Transfer | Dial

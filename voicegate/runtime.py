@@ -41,6 +41,7 @@ from telephony.sip_message import mask_uri
 from voicegate.call.call_state import CallPhase
 from voicegate.call.clock import SessionClock
 from voicegate.call.hangup import HangupPlan
+from voicegate.call.legs import OutboundLeg, PlaceRefused, new_leg_offer
 from voicegate.call.live_call import LiveCall
 from voicegate.call.transfer import TransferRefused
 from voicegate.faults import Faults
@@ -365,8 +366,27 @@ class Runtime:
                 if call is not None:
                     call.deliver(event)
 
-    def _start_call(self, offer: ev.CallOffered) -> None:
-        call = LiveCall(offer, self, self._agent_factory, self._clock)
+    def place_call(
+        self, target: str, headers: tuple[tuple[str, str], ...] = ()
+    ) -> str | PlaceRefused:
+        """Place an outbound call to ``target`` (voicegate/call/legs.py): its session id once
+        its session starts (the INVITE follows once that is durable), else why not."""
+        if not self.settings.outbound.allows(target):
+            return PlaceRefused(403, "target is not in outbound.allowed_targets", "target")
+        if self.draining or not self.sip_ready:
+            return PlaceRefused(503, "the server is not taking calls (draining or starting)")
+        max_calls = self.settings.pool.calls_per_worker
+        if len(self.calls) >= max_calls:
+            return PlaceRefused(
+                503, f"no free call slot: {len(self.calls)} of {max_calls} calls are live here"
+            )
+        offer = new_leg_offer(target)
+        leg = OutboundLeg(target, self.settings.outbound.ring_timeout_s, headers)
+        self._start_call(offer, leg)
+        return offer.call_id
+
+    def _start_call(self, offer: ev.CallOffered, outbound: OutboundLeg | None = None) -> None:
+        call = LiveCall(offer, self, self._agent_factory, self._clock, outbound)
         self.calls[call.call_id] = call
         self._arm_ticker()
         task = asyncio.create_task(self._run_call(call), name=f"call-{call.call_id[:8]}")
