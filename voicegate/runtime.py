@@ -366,11 +366,12 @@ class Runtime:
                 if call is not None:
                     call.deliver(event)
 
-    def place_call(
+    async def place_call(
         self, target: str, headers: tuple[tuple[str, str], ...] = ()
     ) -> str | PlaceRefused:
         """Place an outbound call to ``target`` (voicegate/call/legs.py): its session id once
-        its session starts (the INVITE follows once that is durable), else why not."""
+        its session is durable (so ``/v1/sessions/{id}`` finds it; the INVITE follows), else
+        why not."""
         if not self.settings.outbound.allows(target):
             return PlaceRefused(403, "target is not in outbound.allowed_targets", "target")
         if self.draining or not self.sip_ready:
@@ -382,10 +383,15 @@ class Runtime:
             )
         offer = new_leg_offer(target)
         leg = OutboundLeg(target, self.settings.outbound.ring_timeout_s, headers)
-        self._start_call(offer, leg)
+        call = self._start_call(offer, leg)
+        await call.session_started.wait()  # set by the call's task however it ends (_run_call)
+        if call.session is None:
+            return PlaceRefused(503, "the call's session could not be started (see the log)")
         return offer.call_id
 
-    def _start_call(self, offer: ev.CallOffered, outbound: OutboundLeg | None = None) -> None:
+    def _start_call(
+        self, offer: ev.CallOffered, outbound: OutboundLeg | None = None
+    ) -> LiveCall:
         call = LiveCall(offer, self, self._agent_factory, self._clock, outbound)
         self.calls[call.call_id] = call
         self._arm_ticker()
@@ -396,6 +402,7 @@ class Runtime:
             call.end(
                 HangupPlan("canceled", "server shutting down"), after_playout=False, status=503
             )
+        return call
 
     async def _run_call(self, call: LiveCall) -> None:
         try:
@@ -404,6 +411,7 @@ class Runtime:
             log.exception("call.crashed", extra={"call_id": call.call_id})
             call.end(HangupPlan("canceled", "internal error"), after_playout=False)
         finally:
+            call.session_started.set()
             self.calls.pop(call.call_id, None)
 
     def is_live(self, session_id: str) -> bool:

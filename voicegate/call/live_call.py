@@ -80,6 +80,8 @@ class LiveCall:
         self.codec = ""
         self.codec_rate: int | None = None
         self.done = asyncio.Event()
+        # Set once the session's first event is durable (or the call is over without it).
+        self.session_started = asyncio.Event()
         self._tick_queued = False
         self._stale_seen = 0
         self._stale_played_seen = 0
@@ -277,6 +279,7 @@ class LiveCall:
         log.info("call.offered", extra={"call_id": self.call_id, **said})
         # The session is durable before the caller hears anything from us.
         await self._steps.settled()
+        self.session_started.set()
         if self.outbound is not None:
             leg = self.outbound
             if self._hangup.plan is None and self.phase is CallPhase.RINGING:
@@ -304,6 +307,7 @@ class LiveCall:
             if self.phase is not CallPhase.ENDED:
                 # Cancelled (shutdown past its deadline): the outcome is still recorded.
                 self._finish_without_dialog("server stopped before the call ended")
+            self.session_started.set()
             self.done.set()
 
     def _agent_failed(self, crash: AgentCrashed) -> None:

@@ -123,7 +123,7 @@ async def place_call(request: web.Request) -> web.Response:
     body = await read_placement(request)
     if isinstance(body, web.Response):
         return body
-    placed = runtime.place_call(body["target"])
+    placed = await runtime.place_call(body["target"])
     if isinstance(placed, PlaceRefused):
         extra: dict[str, object] = {}
         if placed.status == 403:
