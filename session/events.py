@@ -79,8 +79,38 @@ class ReinviteFinished(Event):
 
 @dataclass(frozen=True, slots=True)
 class TransferStarted(Event):
+    """``mode``: ``blind`` (REFER) or ``bridge`` (we call the target and stay in the media path,
+    session.bridge); logs from before modes existed are blind."""
+
     type: ClassVar[str] = "transfer_started"
     target: str = ""
+    mode: str = "blind"
+
+
+@dataclass(frozen=True, slots=True)
+class TransferFellBack(Event):
+    """The blind transfer's REFER was refused (``status``) and ``transfer.fallback`` is bridge:
+    the same transfer goes on as a bridge to the same target (session.bridge)."""
+
+    type: ClassVar[str] = "transfer_fell_back"
+    generation: int = 0
+    status: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class BridgeUp(Event):
+    """The target answered the bridge's leg and both legs' media are connected."""
+
+    type: ClassVar[str] = "bridge_up"
+    generation: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class BridgeEnded(Event):
+    """One side of a bridge hung up (``by``: ``caller`` or ``target``); the other is hung up."""
+
+    type: ClassVar[str] = "bridge_ended"
+    by: str = "caller"
 
 
 @dataclass(frozen=True, slots=True)
@@ -318,6 +348,9 @@ EVENT_TYPES: dict[str, type[Event]] = {
         TransferStarted,
         TransferProgress,
         TransferFinished,
+        TransferFellBack,
+        BridgeUp,
+        BridgeEnded,
         CallerHangup,
         DialogFailed,
         AgentFailed,

@@ -34,8 +34,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
+from session import bridge, ending, legs
 from session import effects as fx
-from session import ending, legs
 from session import events as ev
 from session.deadlines import Timer, arm, arm_no_input, drop, drop_all, forget
 from session.errors import GateClosed, IllegalTransition, SessionTerminated
@@ -86,7 +86,7 @@ def _ignored(event: ev.Event, why: str) -> Effects:
 
 def _caller_present(state: SessionState) -> bool:
     """Someone is on the line to be told and hung up on (the dialog is up)."""
-    return state.signaling in CALL_UP
+    return state.signaling in DIALOG_ALIVE
 
 
 # --- signaling ----------------------------------------------------------------------------------
@@ -127,6 +127,8 @@ def _on_transfer_started(state: SessionState, event: ev.TransferStarted, now: fl
         # The REFER would go out on a dialog whose media or agent is still being recovered; the
         # caller could not be taken back honestly if it failed. Recover first.
         raise IllegalTransition(state, event, "the call is recovering")
+    if event.mode not in bridge.TRANSFER_MODES:
+        raise IllegalTransition(state, event, f"no transfer mode {event.mode!r}")
     out: Effects = []
     policy = state.policy
     state = replace(
@@ -196,6 +198,8 @@ def _on_transfer_finished(state: SessionState, event: ev.TransferFinished, now: 
 def _on_caller_hangup(state: SessionState, event: ev.CallerHangup, now: float) -> Result:
     out: Effects = []
     # Seed 001: leaving invalidates recovery at once (RecoveryFinished: canceled, timers cancelled).
+    if state.signaling is Signaling.BRIDGED:
+        return bridge.on_bridge_ended(state, ev.BridgeEnded("caller"), now)
     if state.signaling is Signaling.OFFERED:
         terminal, reason, stage = Terminal.CANCELED, "caller hung up before answer", None
     elif state.outstanding:
@@ -619,8 +623,10 @@ OFFERED = frozenset({Signaling.OFFERED})
 DIALOG_UP = frozenset({Signaling.UP})  # established, nothing else pending
 CALL_UP = frozenset({Signaling.UP, Signaling.REINVITE_PENDING, Signaling.TRANSFERRING})
 TRANSFERRING = frozenset({Signaling.TRANSFERRING})
+BRIDGED = frozenset({Signaling.BRIDGED})  # people talk through us: no turns, responses, tools
+DIALOG_ALIVE = CALL_UP | BRIDGED  # someone is on the caller's line
 REINVITE_PENDING = frozenset({Signaling.REINVITE_PENDING})
-OWNED = OFFERED | CALL_UP  # a process serves the call (OwnerLost leaves it GONE)
+OWNED = OFFERED | DIALOG_ALIVE  # a process serves the call (OwnerLost leaves it GONE)
 
 E = TypeVar("E", bound=ev.Event)
 
@@ -671,6 +677,10 @@ TRANSITIONS: Mapping[type[ev.Event], Rule[Any]] = {rule.event: rule for rule in 
          Refuse("no transfer is in progress")),
     Rule(ev.TransferFinished, TRANSFERRING, _on_transfer_finished,
          Ignore("no transfer is in progress")),
+    Rule(ev.TransferFellBack, TRANSFERRING, bridge.on_transfer_fell_back,
+         Ignore("no transfer is in progress")),
+    Rule(ev.BridgeUp, TRANSFERRING, bridge.on_bridge_up, Ignore("no transfer is in progress")),
+    Rule(ev.BridgeEnded, BRIDGED, bridge.on_bridge_ended, Refuse("no bridge is up")),
     Rule(ev.CallerHangup, AFTER_OFFER, _on_caller_hangup),
     Rule(ev.ServerHangup, AFTER_OFFER, _on_server_hangup),
     Rule(ev.DialogFailed, AFTER_OFFER, _on_dialog_failed),

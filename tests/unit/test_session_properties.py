@@ -126,7 +126,13 @@ def blind_strategies(generation: int, current_attempt: int) -> EventStrategies:
         ev.CallAnswered: st.just(ev.CallAnswered()),
         ev.ReinviteStarted: st.just(ev.ReinviteStarted()),
         ev.ReinviteFinished: st.builds(ev.ReinviteFinished, generation=gen, ok=st.booleans()),
-        ev.TransferStarted: st.builds(ev.TransferStarted, target=st.just("sip:desk@example.org")),
+        ev.TransferStarted: st.builds(
+            ev.TransferStarted,
+            target=st.just("sip:desk@example.org"),
+            mode=st.sampled_from(["blind", "bridge", "bogus"]),
+        ),
+        ev.TransferFellBack: st.builds(ev.TransferFellBack, generation=gen, status=st.just(603)),
+        ev.BridgeUp: st.builds(ev.BridgeUp, generation=gen),
         ev.TransferProgress: st.builds(
             ev.TransferProgress, status=st.sampled_from([100, 180, 200, 503])
         ),
@@ -183,6 +189,7 @@ ENDING_STRATEGIES: EventStrategies = {
         ev.DialogFailed, status=st.sampled_from([0, 408, 500]), reason=st.just("x")
     ),
     ev.SessionExpired: st.builds(ev.SessionExpired, reason=st.just("No session refresh")),
+    ev.BridgeEnded: st.builds(ev.BridgeEnded, by=st.sampled_from(["caller", "target", "x"])),
     ev.LegUnanswered: st.builds(
         ev.LegUnanswered, status=st.sampled_from([486, 603, 480, 404, 503]), reason=st.just("x")
     ),

@@ -36,6 +36,9 @@ IN_STATE: dict[Signaling, Callable[[], SessionState]] = {
     Signaling.UP: lambda: _fold(OFFER, ANSWER),
     Signaling.REINVITE_PENDING: lambda: _fold(OFFER, ANSWER, (ev.ReinviteStarted(), 2.0)),
     Signaling.TRANSFERRING: lambda: _fold(OFFER, ANSWER, (ev.TransferStarted("sip:d@x"), 2.0)),
+    Signaling.BRIDGED: lambda: _fold(
+        OFFER, ANSWER, (ev.TransferStarted("sip:d@x", "bridge"), 2.0), (ev.BridgeUp(1), 3.0)
+    ),
     Signaling.GONE: lambda: _fold(OFFER, ANSWER, (ev.OwnerLost("died"), 2.0)),
 }
 
