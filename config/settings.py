@@ -482,7 +482,7 @@ class AgentSettings:
     )
 
 
-TRANSFER_MODES = ("blind",)  # attended and bridge are not built yet (issue 16)
+TRANSFER_MODES = ("blind", "bridge")  # attended is not built yet (issue 16)
 
 
 def target_allowed(target: str, patterns: tuple[str, ...]) -> bool:
@@ -525,8 +525,9 @@ class TransferSettings:
         default="blind",
         metadata=key(
             one_of(*TRANSFER_MODES),
-            "How a transfer is made: blind (REFER, RFC 3515); attended and bridge are not "
-            "built yet",
+            "How a transfer is made: blind (REFER, RFC 3515: the caller's side calls the "
+            "target) or bridge (voicegate calls the target and stays in the media path); "
+            "attended is not built yet",
         ),
     )
     notify_timeout_s: float = field(
@@ -535,6 +536,14 @@ class TransferSettings:
             float_range(1, 600),
             "How long a blind transfer waits for the final NOTIFY before the caller is taken "
             "back by the agent (pjsua's own subscription would wait 600 s)",
+        ),
+    )
+    fallback: str = field(
+        default="none",
+        metadata=key(
+            one_of("none", "bridge"),
+            "What a blind transfer whose REFER is refused (4xx/6xx) does: none (the caller goes "
+            "back to the agent) or bridge (voicegate calls the target itself and bridges)",
         ),
     )
     accept_inbound_refer: bool = field(

@@ -41,6 +41,7 @@ def place_call(
     call.accepted = True
     call.outbound = True
     call.remote_uri = command.target
+    call.bridge_to = command.bridge_to
     prm = pj.CallOpParam(True)
     for name, value in command.headers:
         prm.txOption.headers.append(_header(name, value))

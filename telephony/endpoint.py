@@ -26,6 +26,7 @@ import pjsua2 as pj
 
 from telephony import events as ev
 from telephony.admission import Admission
+from telephony.bridge import connect_bridge
 from telephony.calls import ReferredCall, SipAccount, SipCall, SipLibrary
 from telephony.dial import place_call
 from telephony.dialog_end import DialogKey, DialogTerminator, Lingering
@@ -430,6 +431,16 @@ class SipEndpoint:
                     )
                 )
 
+    def _bridge_media(self, call: SipCall) -> None:
+        peer_id = call.bridge_to or call.bridged_with
+        peer = self._calls.get(peer_id)
+        if peer is None or peer.audio is None or call.audio is None:
+            return
+        leg, caller = (call, peer) if call.bridge_to else (peer, call)
+        first = connect_bridge(caller, leg)
+        if first:
+            self.post(ev.Bridged(leg.call_id, caller.call_id))
+
     def _detach_media(self, call: SipCall) -> None:
         bridge, audio = call.bridge, call.audio
         call.bridge = call.audio = None
@@ -451,6 +462,12 @@ class SipEndpoint:
             # a=sendonly / inactive from the caller: a hold, not a failure (media_health).
             call.held = media.status == pj.PJSUA_CALL_MEDIA_REMOTE_HOLD
             audio = call.getAudioMedia(media.index)
+            if call.bridge_to or call.bridged_with:
+                # A bridged transfer (telephony.bridge): the two calls' audio meet in the
+                # conference bridge, with no port of ours in between.
+                call.audio = audio
+                self._bridge_media(call)
+                return
             if call.bridge is None:
                 # The port runs at the bridge's own rate, whatever the codec: the bridge then
                 # converts the stream once each way, as it must anyway. A port at the codec's

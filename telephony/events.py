@@ -121,6 +121,15 @@ class InboundRefer:
 
 
 @dataclass(frozen=True, slots=True)
+class Bridged:
+    """A bridge leg (``Dial.bridge_to``) answered and its audio and the caller's are connected
+    in the conference bridge both ways; the caller's media port no longer sends or hears."""
+
+    call_id: str  # the leg's
+    caller_id: str
+
+
+@dataclass(frozen=True, slots=True)
 class DtmfReceived:
     call_id: str
     digit: str
@@ -182,6 +191,7 @@ SipEvent = (
     | ReinviteFinished
     | DtmfReceived
     | TransferStatus
+    | Bridged
     | InboundRefer
     | DialogProbed
     | AckTimedOut
@@ -248,6 +258,9 @@ class Dial:
     call_id: str
     target: str
     headers: tuple[tuple[str, str], ...] = ()
+    bridge_to: str = ""
+    """A bridged transfer's leg: once answered, its audio is connected both ways with this
+    call's instead of a media port of ours (:class:`Bridged` says when)."""
 
 
 SipCommand = Answer | Hangup | Drain | ProbeDialog | Transfer | Dial

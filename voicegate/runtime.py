@@ -144,6 +144,9 @@ class Runtime:
         self._http: aiohttp.ClientSession | None = None
         self.tool_client: ToolClient
         self.calls: dict[str, LiveCall] = {}
+        # Bridge legs (voicegate/call/bridge.py): leg id -> the call it belongs to, until the
+        # leg's dialog has ended. Each holds a call slot.
+        self.legs: dict[str, str] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self.sip: SipEndpoint | None = None
         self.sip_ready = False
@@ -362,7 +365,13 @@ class Runtime:
                 self.metrics.calls_half_open.inc()
                 log.warning("call.no_ack", extra={"call_id": call_id, "after_s": after_s})
             case _:
-                call = self.calls.get(getattr(event, "call_id", ""))
+                call_id = getattr(event, "call_id", "")
+                call = self.calls.get(call_id)
+                if call is None and call_id in self.legs:
+                    # A bridge's leg: its call handles it (voicegate/call/bridge.py).
+                    call = self.calls.get(self.legs[call_id])
+                    if isinstance(event, ev.CallEnded):
+                        del self.legs[call_id]
                 if call is not None:
                     call.deliver(event)
 
@@ -377,9 +386,10 @@ class Runtime:
         if self.draining or not self.sip_ready:
             return PlaceRefused(503, "the server is not taking calls (draining or starting)")
         max_calls = self.settings.pool.calls_per_worker
-        if len(self.calls) >= max_calls:
+        if self.free_slots() < 1:
+            held = max_calls - self.free_slots()
             return PlaceRefused(
-                503, f"no free call slot: {len(self.calls)} of {max_calls} calls are live here"
+                503, f"no free call slot: {held} of {max_calls} call slots are held here"
             )
         offer = new_leg_offer(target)
         leg = OutboundLeg(target, self.settings.outbound.ring_timeout_s, headers)
@@ -388,6 +398,12 @@ class Runtime:
         if call.session is None:
             return PlaceRefused(503, "the call's session could not be started (see the log)")
         return offer.call_id
+
+    def free_slots(self) -> int:
+        return self.settings.pool.calls_per_worker - len(self.calls) - len(self.legs)
+
+    def adopt_leg(self, leg_id: str, call_id: str) -> None:
+        self.legs[leg_id] = call_id
 
     def _start_call(
         self, offer: ev.CallOffered, outbound: OutboundLeg | None = None

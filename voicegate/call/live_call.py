@@ -327,6 +327,9 @@ class LiveCall:
 
     async def _handle(self, item: object) -> None:
         steps = self._steps
+        if self.transfer.bridge.owns(getattr(item, "call_id", self.call_id)):
+            self.transfer.bridge.on_leg_event(item)  # the leg of a bridged transfer
+            return
         match item:
             case _Tick():
                 self._tick_queued = False
@@ -467,6 +470,7 @@ class LiveCall:
 
     def _finish(self, status: int = 0) -> None:
         services = self._services
+        self.transfer.bridge.release()
         if self.outbound is not None and self.answered_at is None:
             outcome = unanswered_outcome(
                 self._state.session_state, status, self._hangup.plan is not None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 
 from session import events as sev
+from session.state import Signaling
 from telephony import events as ev
 from voicegate.call.acting import SessionSteps
 from voicegate.call.call_state import CallPhase, CallState
@@ -63,6 +64,8 @@ class SipEvents:
         state = self._state.session_state
         if state is None or state.terminal or self._state.phase is not CallPhase.ANSWERED:
             return
+        if state.signaling is Signaling.BRIDGED:
+            return  # people talk through the bridge: a gap is theirs to notice, not the agent's
         log.info("call.media_health", extra={"call_id": self._state.call_id, "health": health})
         if health == "interrupted":
             self._services.metrics.media_gaps.inc()

@@ -21,9 +21,9 @@ from prometheus_client import (
 from agents.base import AGENT_CALLS, RESPONSE_ENDINGS
 from session.vocabulary import Interruption, LegOutcome, Outcome, RecoveryOutcome, Terminal
 
-# Transfers (voicegate/call/transfer.py): how each one ended, per mode (only blind is built), and
+# Transfers (voicegate/call/transfer.py, bridge.py): how each one ended, per mode, and
 # the class of each NOTIFY sipfrag status (or REFER refusal) it got; closed vocabularies.
-TRANSFER_MODES = ("blind",)
+TRANSFER_MODES = ("blind", "bridge")
 TRANSFER_OUTCOMES = ("completed", "refused", "failed", "timed_out", "caller_left")
 NOTIFY_CLASSES = ("1xx", "2xx", "3xx", "4xx", "5xx", "6xx")
 
@@ -306,6 +306,13 @@ class Metrics:
             "slot), canceled (given up before an answer)",
             ["outcome"],
             registry=r,
+        )
+        self.bridged_legs = Gauge(
+            "voicegate_bridged_legs_active",
+            "Call legs in a bridged transfer that is up (two per bridge: the caller's and the "
+            "target's); each holds one of the worker's call slots",
+            registry=r,
+            multiprocess_mode="livesum",
         )
         for leg_outcome in LegOutcome:
             self.outbound_calls.labels(leg_outcome.value)
