@@ -135,3 +135,60 @@ def test_a_bridge_without_a_free_slot_is_refused_up_front_and_changes_nothing(
     assert caller.wait() == 0, caller.errors()
     session = _ended(server, call_id)
     assert "transfer_started" not in _types(session)
+
+
+def test_the_demo_agents_key_0_bridges_when_bridge_is_the_default_mode_and_the_target_ends_it(
+    server_factory: ServerFactory, tmp_path: Path
+) -> None:
+    port = free_port()
+    # This desk answers, talks for 5 s and hangs up itself.
+    desk = Sipp("uas-answer.xml", "", tmp_path / "desk", port=port).start()
+    target = f"sip:desk@{LOOPBACK}:{port}"
+    server = server_factory(
+        **ENV, VOICEGATE_TRANSFER_DEFAULT_MODE="bridge", VOICEGATE_TRANSFER_DEFAULT_TARGET=target
+    )
+    caller = Sipp("uac-transfer-key0-bridged.xml", server.sip_target, tmp_path)
+    assert caller.run() == 0, caller.errors()  # our BYE came after the desk's
+    assert desk.wait() == 0, desk.errors()
+    (session,) = [s for s in server.sessions() if s["ended"]]
+    assert (session["ended"]["terminal_state"], session["ended"]["reason"]) == (
+        "completed",
+        "bridged: the target hung up",
+    )
+    started = [e["payload"] for e in session["events"] if e["type"] == "transfer_started"]
+    assert started == [{"target": target, "mode": "bridge"}]
+    assert _types(session)[-2:] == ["bridge_up", "bridge_ended"]
+    assert server.metric("voicegate_transfers_total", mode="bridge", outcome="completed") == 1
+
+
+def test_a_busy_target_takes_the_caller_back_to_the_agent_with_an_honest_line(
+    server_factory: ServerFactory, tmp_path: Path
+) -> None:
+    port = free_port()
+    desk = Sipp("uas-busy.xml", "", tmp_path / "desk", port=port).start()
+    server = server_factory(**ENV)
+    caller = Sipp("uac-wait-for-bye.xml", server.sip_target, tmp_path).start()
+    call_id = _answered_call(server)
+    status, body = server.post_json(
+        f"/v1/calls/{call_id}/transfer",
+        {"target": f"sip:desk@{LOOPBACK}:{port}", "mode": "bridge"},
+    )
+    assert status == 202, body
+    assert desk.wait() == 0, desk.errors()
+    finished = wait_for(
+        lambda: [
+            e
+            for e in server.http(f"/v1/sessions/{call_id}")[1]["events"]
+            if e["type"] == "transfer_finished"
+        ],
+        10,
+        "the transfer to fail",
+    )
+    assert (finished[0]["payload"]["ok"], finished[0]["payload"]["status"]) == (False, 486)
+    assert any(x == {"kind": "say", "prompt": "transfer_failed"} for x in finished[0]["effects"])
+    status, call = server.http(f"/v1/calls/{call_id}")
+    assert call["live"]["state"] == "answered"  # still with the agent
+    assert server.post(f"/v1/calls/{call_id}/hangup") == 202
+    assert caller.wait() == 0, caller.errors()
+    assert server.metric("voicegate_transfers_total", mode="bridge", outcome="failed") == 1
+    assert server.metric("voicegate_bridged_legs_active") == 0
