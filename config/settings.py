@@ -482,7 +482,7 @@ class AgentSettings:
     )
 
 
-TRANSFER_MODES = ("blind", "bridge")  # attended is not built yet (issue 16)
+TRANSFER_MODES = ("blind", "bridge", "attended")
 
 
 def target_allowed(target: str, patterns: tuple[str, ...]) -> bool:
@@ -526,8 +526,8 @@ class TransferSettings:
         metadata=key(
             one_of(*TRANSFER_MODES),
             "How a transfer is made: blind (REFER, RFC 3515: the caller's side calls the "
-            "target) or bridge (voicegate calls the target and stays in the media path); "
-            "attended is not built yet",
+            "target), bridge (voicegate calls the target and stays in the media path) or "
+            "attended (voicegate consults the target first, then REFER with Replaces)",
         ),
     )
     notify_timeout_s: float = field(

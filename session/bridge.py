@@ -1,5 +1,6 @@
 """Bridged transfer: voicegate calls the target itself and stays in the media path (the
 conference bridge carries the caller's audio to the target and back) until one side hangs up.
+Also the one step an attended transfer adds to a blind one: its consult leg answered.
 
 Sans-IO, the handlers :mod:`session.machine`'s table names for the bridge's events. A bridge is a
 transfer (``transfer_started`` with mode ``bridge``, or a blind one that ``transfer_fell_back``
@@ -33,7 +34,7 @@ from session.vocabulary import EndingStage, RecoveryOutcome, Terminal
 Result = tuple[SessionState, fx.Effects]
 
 BRIDGE_ENDERS = ("caller", "target")
-TRANSFER_MODES = ("blind", "bridge")  # what transfer_started may name
+TRANSFER_MODES = ("blind", "bridge", "attended")  # what transfer_started may name
 
 
 def on_transfer_fell_back(state: SessionState, event: ev.TransferFellBack, now: float) -> Result:
@@ -41,6 +42,14 @@ def on_transfer_fell_back(state: SessionState, event: ev.TransferFellBack, now: 
     if why := stale_generation(state, event.generation):
         return state, [fx.StaleEventIgnored(event.type, why)]
     return replace(state, transfer_status=event.status), []
+
+
+def on_consult_answered(state: SessionState, event: ev.ConsultAnswered, now: float) -> Result:
+    """An attended transfer's consult leg answered: recorded, the REFER with Replaces follows
+    (RFC 5589 section 7); the transfer stays under way until its final NOTIFY."""
+    if why := stale_generation(state, event.generation):
+        return state, [fx.StaleEventIgnored(event.type, why)]
+    return state, []
 
 
 def on_bridge_up(state: SessionState, event: ev.BridgeUp, now: float) -> Result:

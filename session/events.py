@@ -79,8 +79,9 @@ class ReinviteFinished(Event):
 
 @dataclass(frozen=True, slots=True)
 class TransferStarted(Event):
-    """``mode``: ``blind`` (REFER) or ``bridge`` (we call the target and stay in the media path,
-    session.bridge); logs from before modes existed are blind."""
+    """``mode``: ``blind`` (REFER), ``bridge`` (we call the target and stay in the media path,
+    session.bridge) or ``attended`` (a consult leg first, then REFER with Replaces); logs from
+    before modes existed are blind."""
 
     type: ClassVar[str] = "transfer_started"
     target: str = ""
@@ -95,6 +96,15 @@ class TransferFellBack(Event):
     type: ClassVar[str] = "transfer_fell_back"
     generation: int = 0
     status: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ConsultAnswered(Event):
+    """An attended transfer's consult leg was answered: the REFER with Replaces follows once
+    this is durable (RFC 5589 section 7)."""
+
+    type: ClassVar[str] = "consult_answered"
+    generation: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -349,6 +359,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         TransferProgress,
         TransferFinished,
         TransferFellBack,
+        ConsultAnswered,
         BridgeUp,
         BridgeEnded,
         CallerHangup,

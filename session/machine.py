@@ -152,6 +152,9 @@ def _on_transfer_started(state: SessionState, event: ev.TransferStarted, now: fl
     state = arm(
         state, Timer.TRANSFER, now + policy.transfer_timeout_s, state.recovery.generation, out
     )
+    if event.mode == "attended":
+        # RFC 5589 section 7: the caller waits while we consult the target; told so, honestly.
+        out.append(fx.Say("transfer_consulting"))
     return state, out
 
 
@@ -678,6 +681,8 @@ TRANSITIONS: Mapping[type[ev.Event], Rule[Any]] = {rule.event: rule for rule in 
     Rule(ev.TransferFinished, TRANSFERRING, _on_transfer_finished,
          Ignore("no transfer is in progress")),
     Rule(ev.TransferFellBack, TRANSFERRING, bridge.on_transfer_fell_back,
+         Ignore("no transfer is in progress")),
+    Rule(ev.ConsultAnswered, TRANSFERRING, bridge.on_consult_answered,
          Ignore("no transfer is in progress")),
     Rule(ev.BridgeUp, TRANSFERRING, bridge.on_bridge_up, Ignore("no transfer is in progress")),
     Rule(ev.BridgeEnded, BRIDGED, bridge.on_bridge_ended, Refuse("no bridge is up")),

@@ -42,6 +42,7 @@ def place_call(
     call.outbound = True
     call.remote_uri = command.target
     call.bridge_to = command.bridge_to
+    call.consult = command.consult
     prm = pj.CallOpParam(True)
     for name, value in command.headers:
         prm.txOption.headers.append(_header(name, value))

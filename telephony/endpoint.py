@@ -282,6 +282,10 @@ class SipEndpoint:
                 self._refers.send(self._calls.get(call_id), call_id, target, headers)
             case ev.Dial():
                 self._dial(command)
+            case ev.TransferReplaces(call_id=call_id, consult_id=consult_id):
+                self._refers.send_replaces(
+                    self._calls.get(call_id), self._calls.get(consult_id), call_id
+                )
 
     def _dial(self, command: ev.Dial) -> None:
         refusal = place_call(
@@ -462,6 +466,9 @@ class SipEndpoint:
             # a=sendonly / inactive from the caller: a hold, not a failure (media_health).
             call.held = media.status == pj.PJSUA_CALL_MEDIA_REMOTE_HOLD
             audio = call.getAudioMedia(media.index)
+            if call.consult:
+                call.audio = audio  # nobody of ours talks on a consult leg (yet)
+                return
             if call.bridge_to or call.bridged_with:
                 # A bridged transfer (telephony.bridge): the two calls' audio meet in the
                 # conference bridge, with no port of ours in between.

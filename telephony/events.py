@@ -261,6 +261,19 @@ class Dial:
     bridge_to: str = ""
     """A bridged transfer's leg: once answered, its audio is connected both ways with this
     call's instead of a media port of ours (:class:`Bridged` says when)."""
+    consult: bool = False
+    """An attended transfer's consult leg: no media port of ours; it only has to be answered,
+    then :class:`TransferReplaces` hands it over."""
 
 
-SipCommand = Answer | Hangup | Drain | ProbeDialog | Transfer | Dial
+@dataclass(frozen=True, slots=True)
+class TransferReplaces:
+    """Send an attended transfer's REFER in ``call_id``'s dialog: the caller's side is asked to
+    call the consult leg's party with ``Replaces`` (RFC 3891, RFC 5589 section 7). Progress
+    comes back as :class:`TransferStatus` of ``call_id``."""
+
+    call_id: str
+    consult_id: str
+
+
+SipCommand = Answer | Hangup | Drain | ProbeDialog | Transfer | Dial | TransferReplaces

@@ -192,3 +192,70 @@ def test_a_busy_target_takes_the_caller_back_to_the_agent_with_an_honest_line(
     assert caller.wait() == 0, caller.errors()
     assert server.metric("voicegate_transfers_total", mode="bridge", outcome="failed") == 1
     assert server.metric("voicegate_bridged_legs_active") == 0
+
+
+# --- attended transfer (RFC 5589 section 7): a consult leg of ours, then REFER with Replaces ----
+
+
+def _said(session: dict[str, Any]) -> list[str]:
+    return [x["prompt"] for e in session["events"] for x in e["effects"] if x["kind"] == "say"]
+
+
+def test_an_attended_transfer_consults_the_target_then_refers_with_replaces(
+    server_factory: ServerFactory, tmp_path: Path
+) -> None:
+    port = free_port()
+    target_leg = Sipp("uas-consult.xml", "", tmp_path / "target", port=port).start()
+    target = f"sip:desk@{LOOPBACK}:{port}"
+    server = server_factory(**ENV)
+    caller = Sipp("uac-transfer-attended.xml", server.sip_target, tmp_path).start()
+    call_id = _answered_call(server)
+    status, body = server.post_json(
+        f"/v1/calls/{call_id}/transfer", {"target": target, "mode": "attended"}
+    )
+    assert (status, body["mode"]) == (202, "attended")
+    # The REFER with Replaces came only after the consult answered; the context was on the
+    # consult INVITE; our BYEs ended both legs.
+    assert caller.wait() == 0, caller.errors()
+    assert target_leg.wait() == 0, target_leg.errors()
+    session = _ended(server, call_id)
+    assert (session["ended"]["terminal_state"], session["ended"]["reason"]) == (
+        "completed",
+        "transferred",
+    )
+    types = _types(session)
+    assert types.index("transfer_started") < types.index("consult_answered")
+    assert types.index("consult_answered") < types.index("transfer_finished")
+    assert "transfer_consulting" in _said(session)  # the caller was told to hold
+    assert server.metric("voicegate_transfers_total", mode="attended", outcome="completed") == 1
+
+
+def test_a_consult_that_fails_takes_the_caller_off_hold_back_to_the_agent(
+    server_factory: ServerFactory, tmp_path: Path
+) -> None:
+    port = free_port()
+    target_leg = Sipp("uas-busy.xml", "", tmp_path / "target", port=port).start()
+    server = server_factory(**ENV)
+    # This caller fails on any REFER: none may come when the consult failed.
+    caller = Sipp("uac-wait-for-bye.xml", server.sip_target, tmp_path).start()
+    call_id = _answered_call(server)
+    status, body = server.post_json(
+        f"/v1/calls/{call_id}/transfer",
+        {"target": f"sip:desk@{LOOPBACK}:{port}", "mode": "attended"},
+    )
+    assert status == 202, body
+    assert target_leg.wait() == 0, target_leg.errors()
+    wait_for(
+        lambda: "transfer_finished" in _types(server.http(f"/v1/sessions/{call_id}")[1]),
+        10,
+        "the consult to fail",
+    )
+    assert server.post(f"/v1/calls/{call_id}/hangup") == 202
+    assert caller.wait() == 0, caller.errors()
+    session = _ended(server, call_id)
+    (finished,) = [e for e in session["events"] if e["type"] == "transfer_finished"]
+    assert (finished["payload"]["ok"], finished["payload"]["status"]) == (False, 486)
+    assert "consult_answered" not in _types(session)
+    assert _said(session).count("transfer_consulting") == 1
+    assert "transfer_failed" in _said(session)
+    assert server.metric("voicegate_transfers_total", mode="attended", outcome="failed") == 1

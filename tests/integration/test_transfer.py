@@ -172,7 +172,7 @@ def test_the_api_refuses_a_target_outside_allowed_targets_and_changes_nothing(
     status, body = server.post_json(path, {"target": "sip:+19005550100@premium.example"})
     assert status == 403, body
     assert body["field"] == "target" and body["allowed_targets"] == ["sip:*@cc.example.com"]
-    status, body = server.post_json(path, {"target": CC, "mode": "attended"})
+    status, body = server.post_json(path, {"target": CC, "mode": "warm"})
     assert (status, body["field"]) == (400, "mode")
     status, body = server.post_json("/v1/calls/nope/transfer", {"target": CC})
     assert (status, body["call_id"]) == (404, "nope")

@@ -104,9 +104,26 @@ def test_a_refused_refer_falls_back_to_a_bridge_under_the_same_guard() -> None:
 def test_bad_modes_and_enders_are_refused_and_change_nothing() -> None:
     up, _ = fold(*UP)
     with pytest.raises(IllegalTransition):
-        step(up, ev.TransferStarted(TARGET, "attended-ish"), 5.0)
+        step(up, ev.TransferStarted(TARGET, "consultative"), 5.0)
     bridged, _ = fold(*BRIDGED)
     with pytest.raises(IllegalTransition):
         step(bridged, ev.BridgeEnded("nobody"), 60.0)
     with pytest.raises(IllegalTransition):
         step(up, ev.BridgeEnded("caller"), 5.0)
+
+
+def test_an_attended_transfer_tells_the_caller_to_hold_and_records_the_consult_answer() -> None:
+    state, effects = fold(*SPEAKING, (ev.TransferStarted(TARGET, "attended"), 10.0))
+    assert fx.Say("transfer_consulting") in effects and state.gate is Gate.FROZEN
+    state, effects = step(state, ev.ConsultAnswered(1), 11.0)
+    assert state.signaling is Signaling.TRANSFERRING and effects == []
+    # The REFER with Replaces then ends it like a blind transfer: a final 2xx NOTIFY.
+    state, effects = step(state, ev.TransferFinished(1, ok=True, status=200), 12.0)
+    assert state.ended is not None and state.ended.reason == "transferred"
+    # A consult that fails instead takes the caller off hold, back to the agent.
+    failed, effects = step(
+        fold(*SPEAKING, (ev.TransferStarted(TARGET, "attended"), 10.0))[0],
+        ev.TransferFinished(1, ok=False, status=486),
+        11.0,
+    )
+    assert failed.signaling is Signaling.UP and fx.Say("transfer_failed") in effects

@@ -835,6 +835,7 @@ SAMPLES: list[ev.Event] = [
     ev.TransferProgress(180),
     ev.TransferFinished(2, ok=False),
     ev.TransferFellBack(2, 603),
+    ev.ConsultAnswered(2),
     ev.BridgeUp(2),
     ev.BridgeEnded("target"),
     ev.CallerHangup(),

@@ -129,10 +129,11 @@ def blind_strategies(generation: int, current_attempt: int) -> EventStrategies:
         ev.TransferStarted: st.builds(
             ev.TransferStarted,
             target=st.just("sip:desk@example.org"),
-            mode=st.sampled_from(["blind", "bridge", "bogus"]),
+            mode=st.sampled_from(["blind", "bridge", "attended", "bogus"]),
         ),
         ev.TransferFellBack: st.builds(ev.TransferFellBack, generation=gen, status=st.just(603)),
         ev.BridgeUp: st.builds(ev.BridgeUp, generation=gen),
+        ev.ConsultAnswered: st.builds(ev.ConsultAnswered, generation=gen),
         ev.TransferProgress: st.builds(
             ev.TransferProgress, status=st.sampled_from([100, 180, 200, 503])
         ),

@@ -1,4 +1,7 @@
-"""A call's bridged transfer: the leg voicegate places to the target, and the bridge's life.
+"""The leg voicegate places to a transfer's target: a bridged transfer's (and the bridge's
+life), or an attended transfer's consult leg (answered: ``consult_answered``, then the REFER
+with Replaces in the caller's dialog, telephony/refer.py; it ending before that REFER fails the
+transfer, after it is the target's normal end of the consult dialog, RFC 5589 section 7.1).
 
 Asked for as ``mode = "bridge"`` (the control API, an agent's ``transfer(target, mode=...)``,
 ``transfer.default_mode``), or as ``transfer.fallback = "bridge"`` when a blind transfer's REFER
@@ -35,6 +38,7 @@ from voicegate.call.services import CallServices
 log = logging.getLogger("voicegate.call")
 
 BRIDGE = "bridge"
+ATTENDED = "attended"
 
 
 class CallBridge:
@@ -45,6 +49,8 @@ class CallBridge:
         self.leg_id: str | None = None  # the leg to the target, until it has ended
         self.up = False
         self._counted = False  # the transfer's outcome went into the metric
+        self.consult = False  # the leg is an attended transfer's consult leg, not a bridge's
+        self._refer_sent = False  # (attended) the REFER with Replaces went out
 
     def has_slot(self) -> bool:
         """Whether the worker has a free call slot for the bridge's leg (the pair holds two)."""
@@ -53,17 +59,23 @@ class CallBridge:
     def owns(self, call_id: str) -> bool:
         return self.leg_id is not None and call_id == self.leg_id
 
-    def place(self, target: str) -> None:
-        """Dial the target (the session's step asking for it is durable)."""
+    def place(self, target: str, *, consult: bool = False) -> None:
+        """Dial the target (the session's step asking for it is durable): a bridge's leg, or an
+        attended transfer's consult leg. Either carries the context headers on its INVITE."""
         call_id = self._state.call_id
         leg_id = self.leg_id = uuid.uuid4().hex
-        self.up = self._counted = False
+        self.up = self._counted = self._refer_sent = False
+        self.consult = consult
         self._services.adopt_leg(leg_id, call_id)
         log.info(
-            "transfer.bridge_dialing",
+            "transfer.consult_dialing" if consult else "transfer.bridge_dialing",
             extra={"call_id": call_id, "leg_id": leg_id, "target": mask_uri(target)},
         )
-        self._services.submit(ev.Dial(leg_id, target, context_headers(call_id), bridge_to=call_id))
+        headers = context_headers(call_id)
+        if consult:
+            self._services.submit(ev.Dial(leg_id, target, headers, consult=True))
+        else:
+            self._services.submit(ev.Dial(leg_id, target, headers, bridge_to=call_id))
 
     def on_leg_event(self, event: object) -> None:
         """A SIP event of the leg (its answer, the bridge, its end); the rest is not ours."""
@@ -71,6 +83,12 @@ class CallBridge:
         if state is None:
             return
         match event:
+            case ev.CallAnswered() if self.consult:
+                recovery = state.recovery
+                if state.signaling is not Signaling.TRANSFERRING or recovery is None:
+                    return
+                if self._steps.try_apply(sev.ConsultAnswered(recovery.generation)):
+                    self._steps.after_durable(self._send_replaces)
             case ev.Bridged():
                 recovery = state.recovery
                 if state.signaling is not Signaling.TRANSFERRING or recovery is None:
@@ -89,6 +107,10 @@ class CallBridge:
                     self._bridge_over()
                     if state.signaling is Signaling.BRIDGED:
                         self._steps.try_apply(sev.BridgeEnded("target"))
+                elif self._refer_sent:
+                    # RFC 5589 section 7.1: the target ends the consult dialog once the caller's
+                    # INVITE with Replaces took its place; the REFER's NOTIFYs tell the outcome.
+                    pass
                 elif state.signaling is Signaling.TRANSFERRING and state.recovery is not None:
                     # Not answered: busy, no answer, failed, or no free slot after all.
                     generation = state.recovery.generation
@@ -99,8 +121,15 @@ class CallBridge:
             case _:
                 pass
 
+    def _send_replaces(self) -> None:
+        if self.leg_id is None:
+            return  # the consult leg ended in between: its end failed the transfer
+        self._refer_sent = True
+        self._services.submit(ev.TransferReplaces(self._state.call_id, self.leg_id))
+
     def give_up(self) -> None:
-        """The transfer is over without the bridge (its guard fired): CANCEL the ringing leg."""
+        """The transfer is over without the bridge (its guard fired, the consult or its REFER
+        failed): hang up the leg, or CANCEL it while it rings."""
         if self.leg_id is not None and not self.up:
             self._services.submit(ev.Hangup(self.leg_id, status=487))
 
@@ -119,4 +148,5 @@ class CallBridge:
     def _count(self, outcome: str) -> None:
         if not self._counted:
             self._counted = True
-            self._services.metrics.transfers.labels(BRIDGE, outcome).inc()
+            mode = ATTENDED if self.consult else BRIDGE
+            self._services.metrics.transfers.labels(mode, outcome).inc()

@@ -1,5 +1,6 @@
 """A call's transfer, from the request to the outcome: blind (RFC 3515, RFC 5589 section 6),
-or bridged (voicegate/call/bridge.py), and the bridge as a blind transfer's fallback.
+bridged, or attended (RFC 5589 section 7: the consult leg, then REFER with Replaces), the last
+two with their leg in voicegate/call/bridge.py, and the bridge as a blind transfer's fallback.
 
 Who may ask: the control API, the agent (``CallControl.transfer``), the demo agent's key 0, and
 the session's own needs_human ending when ``transfer.human_target`` is set (the handoff). The
@@ -25,7 +26,7 @@ from telephony import events as ev
 from telephony.sip_message import mask_uri
 from telephony.transfer import context_headers
 from voicegate.call.acting import SessionSteps
-from voicegate.call.bridge import BRIDGE, CallBridge
+from voicegate.call.bridge import ATTENDED, BRIDGE, CallBridge
 from voicegate.call.call_state import CallPhase, CallState
 from voicegate.call.clock import SessionClock
 from voicegate.call.hangup import HangingUp
@@ -87,7 +88,7 @@ class CallTransfer:
         if mode is not None and mode not in TRANSFER_MODES:
             return "", TransferRefused(
                 400,
-                f"mode must be one of {', '.join(TRANSFER_MODES)} (attended is not built yet)",
+                f"mode must be one of {', '.join(TRANSFER_MODES)}",
                 "mode",
             )
         target = (target or settings.default_target).strip()
@@ -108,10 +109,12 @@ class CallTransfer:
             return target, TransferRefused(
                 409, f"the call cannot be transferred now ({state.status()})", "call_id"
             )
-        if (mode or settings.default_mode) == BRIDGE and not self.bridge.has_slot():
+        wanted = mode or settings.default_mode
+        if wanted in (BRIDGE, ATTENDED) and not self.bridge.has_slot():
+            leg = "the bridge's leg" if wanted == BRIDGE else "the consult leg"
             return target, TransferRefused(
                 503,
-                "no free call slot for the bridge's leg to the target (a bridged pair holds two)",
+                f"no free call slot for {leg} to the target (the pair holds two)",
                 "mode",
             )
         return target, None
@@ -139,19 +142,13 @@ class CallTransfer:
             "transfer.started",
             extra={"call_id": self._state.call_id, "target": mask_uri(target), "mode": mode},
         )
-        if mode == BRIDGE:
-            self._after_durable(lambda: self.bridge.place(target))
+        if mode in (BRIDGE, ATTENDED):
+            # Both start with a leg of ours to the target: the bridge's, or the consult leg.
+            consult = mode == ATTENDED
+            self._steps.after_durable(lambda: self.bridge.place(target, consult=consult))
         else:
-            self._after_durable(lambda: self._send_refer(target))
+            self._steps.after_durable(lambda: self._send_refer(target))
         return None
-
-    def _after_durable(self, then: object) -> None:
-        assert callable(then)
-        write = self._steps.last_write
-        if write is None or write.done():
-            then()
-        else:
-            write.add_done_callback(lambda f: self._steps.from_writer(lambda _: then(), f))
 
     def _send_refer(self, target: str) -> None:
         headers = context_headers(self._state.call_id)
@@ -196,10 +193,12 @@ class CallTransfer:
                 self.mode = BRIDGE
                 target = state.transfer_target
                 log.info("transfer.fell_back", extra={"call_id": self._state.call_id})
-                self._after_durable(lambda: self.bridge.place(target))
+                self._steps.after_durable(lambda: self.bridge.place(target))
             return
         if self._steps.try_apply(sev.TransferFinished(generation, ok=ok, status=report.status)):
             metrics.transfers.labels(self.mode, self._outcome(report)).inc()
+            if not ok:
+                self.bridge.give_up()  # an attended transfer's consult leg, if still there
 
     def _falls_back(self) -> bool:
         return (

@@ -161,7 +161,7 @@ async def read_transfer(request: web.Request) -> dict[str, str] | web.Response:
     if mode is not None and mode not in TRANSFER_MODES:
         return json_error(
             400,
-            f"mode must be one of {', '.join(TRANSFER_MODES)} (attended is not built yet)",
+            f"mode must be one of {', '.join(TRANSFER_MODES)}",
             field="mode",
             allowed=list(TRANSFER_MODES),
         )

@@ -23,7 +23,7 @@ from session.vocabulary import Interruption, LegOutcome, Outcome, RecoveryOutcom
 
 # Transfers (voicegate/call/transfer.py, bridge.py): how each one ended, per mode, and
 # the class of each NOTIFY sipfrag status (or REFER refusal) it got; closed vocabularies.
-TRANSFER_MODES = ("blind", "bridge")
+TRANSFER_MODES = ("blind", "bridge", "attended")
 TRANSFER_OUTCOMES = ("completed", "refused", "failed", "timed_out", "caller_left")
 NOTIFY_CLASSES = ("1xx", "2xx", "3xx", "4xx", "5xx", "6xx")
 
