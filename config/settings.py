@@ -482,7 +482,7 @@ class AgentSettings:
     )
 
 
-TRANSFER_MODES = ("blind",)  # attended and bridge are not built yet (issue 16)
+TRANSFER_MODES = ("blind", "bridge", "attended")
 
 
 def target_allowed(target: str, patterns: tuple[str, ...]) -> bool:
@@ -525,8 +525,9 @@ class TransferSettings:
         default="blind",
         metadata=key(
             one_of(*TRANSFER_MODES),
-            "How a transfer is made: blind (REFER, RFC 3515); attended and bridge are not "
-            "built yet",
+            "How a transfer is made: blind (REFER, RFC 3515: the caller's side calls the "
+            "target), bridge (voicegate calls the target and stays in the media path) or "
+            "attended (voicegate consults the target first, then REFER with Replaces)",
         ),
     )
     notify_timeout_s: float = field(
@@ -537,12 +538,43 @@ class TransferSettings:
             "back by the agent (pjsua's own subscription would wait 600 s)",
         ),
     )
+    fallback: str = field(
+        default="none",
+        metadata=key(
+            one_of("none", "bridge"),
+            "What a blind transfer whose REFER is refused (4xx/6xx) does: none (the caller goes "
+            "back to the agent) or bridge (voicegate calls the target itself and bridges)",
+        ),
+    )
     accept_inbound_refer: bool = field(
         default=False,
         metadata=key(
             boolean(),
             "Follow a REFER from the caller's side when its Refer-To matches allowed_targets; "
             "off, every inbound REFER is refused with 403",
+        ),
+    )
+
+    def allows(self, target: str) -> bool:
+        return target_allowed(target, self.allowed_targets)
+
+
+@dataclass(frozen=True, slots=True)
+class OutboundSettings:
+    allowed_targets: tuple[str, ...] = field(
+        default=(),
+        metadata=key(
+            sip_uri_patterns(),
+            "The only URIs POST /v1/calls may call (toll fraud): patterns with * such as "
+            '"sip:*@callcentre.example.com"; empty = no outbound calls (the API answers 403)',
+        ),
+    )
+    ring_timeout_s: float = field(
+        default=30.0,
+        metadata=key(
+            float_range(1, 300),
+            "How long an outbound call may ring before voicegate gives it up (CANCEL): outcome "
+            "no_answer, the session ends timed_out at stage ringing",
         ),
     )
 
@@ -590,6 +622,7 @@ class Settings:
     pool: PoolSettings = field(default_factory=PoolSettings)
     agent: AgentSettings = field(default_factory=AgentSettings)
     transfer: TransferSettings = field(default_factory=TransferSettings)
+    outbound: OutboundSettings = field(default_factory=OutboundSettings)
     log: LogSettings = field(default_factory=LogSettings)
     faults: FaultSettings = field(default_factory=FaultSettings)
     # Not a [section] of keys: [tools.<name>] tables, read by config.tools.

@@ -68,6 +68,8 @@ PROMPTS: dict[str, str] = {
     "Please call again later. Goodbye.",
     # A blind transfer that failed, was refused or got no answer in time (session/machine.py).
     "transfer_failed": "I could not reach a colleague right now. I am still here to help you.",
+    # An attended transfer's consultation (session/machine.py): the caller waits, and is told so.
+    "transfer_consulting": "Please hold. I am asking a colleague to take your call.",
     # needs_human with transfer.human_target set: the caller goes to a person, and is told why.
     "handoff": "I cannot confirm yet whether your request went through. "
     "I am connecting you to a colleague who can check.",

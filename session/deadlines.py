@@ -25,6 +25,7 @@ class Timer(enum.StrEnum):
     NO_INPUT = "no_input"  # seed 004's ladder: ask once ...
     NO_INPUT_FINAL = "no_input_final"  # ... then end honestly
     TRANSFER = "transfer_notify"  # our guard on a blind transfer's final NOTIFY
+    RING = "ring"  # an outbound leg rings this long at most (session.legs)
 
 
 # The recovery's own deadlines, dropped together when it ends.

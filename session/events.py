@@ -39,6 +39,28 @@ class CallOffered(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class CallPlaced(Event):
+    """The first event of a session whose call voicegate places (an outbound leg,
+    session.legs): it rings at ``target`` (masked) for at most ``ring_timeout_s``. ``policy``
+    as for :class:`CallOffered`."""
+
+    type: ClassVar[str] = "call_placed"
+    target: str = ""
+    ring_timeout_s: float = 30.0
+    policy: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class LegUnanswered(Event):
+    """An outbound leg ended before it was answered: the callee's final answer (``status``
+    486, 603, 404, ...), or ours for a call that never left (503, "no free call slot")."""
+
+    type: ClassVar[str] = "leg_unanswered"
+    status: int = 0
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class CallAnswered(Event):
     type: ClassVar[str] = "call_answered"
 
@@ -57,8 +79,48 @@ class ReinviteFinished(Event):
 
 @dataclass(frozen=True, slots=True)
 class TransferStarted(Event):
+    """``mode``: ``blind`` (REFER), ``bridge`` (we call the target and stay in the media path,
+    session.bridge) or ``attended`` (a consult leg first, then REFER with Replaces); logs from
+    before modes existed are blind."""
+
     type: ClassVar[str] = "transfer_started"
     target: str = ""
+    mode: str = "blind"
+
+
+@dataclass(frozen=True, slots=True)
+class TransferFellBack(Event):
+    """The blind transfer's REFER was refused (``status``) and ``transfer.fallback`` is bridge:
+    the same transfer goes on as a bridge to the same target (session.bridge)."""
+
+    type: ClassVar[str] = "transfer_fell_back"
+    generation: int = 0
+    status: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ConsultAnswered(Event):
+    """An attended transfer's consult leg was answered: the REFER with Replaces follows once
+    this is durable (RFC 5589 section 7)."""
+
+    type: ClassVar[str] = "consult_answered"
+    generation: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class BridgeUp(Event):
+    """The target answered the bridge's leg and both legs' media are connected."""
+
+    type: ClassVar[str] = "bridge_up"
+    generation: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class BridgeEnded(Event):
+    """One side of a bridge hung up (``by``: ``caller`` or ``target``); the other is hung up."""
+
+    type: ClassVar[str] = "bridge_ended"
+    by: str = "caller"
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,12 +350,18 @@ EVENT_TYPES: dict[str, type[Event]] = {
     cls.type: cls
     for cls in (
         CallOffered,
+        CallPlaced,
+        LegUnanswered,
         CallAnswered,
         ReinviteStarted,
         ReinviteFinished,
         TransferStarted,
         TransferProgress,
         TransferFinished,
+        TransferFellBack,
+        ConsultAnswered,
+        BridgeUp,
+        BridgeEnded,
         CallerHangup,
         DialogFailed,
         AgentFailed,

@@ -34,10 +34,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
+from session import bridge, ending, legs
 from session import effects as fx
-from session import ending
 from session import events as ev
-from session.deadlines import Timer, arm, arm_no_input, drop_all, forget
+from session.deadlines import Timer, arm, arm_no_input, drop, drop_all, forget
 from session.errors import GateClosed, IllegalTransition, SessionTerminated
 from session.gate import reconcile, require_open, set_gate
 from session.playback import bump_generation, cut_playback, end_response
@@ -86,7 +86,7 @@ def _ignored(event: ev.Event, why: str) -> Effects:
 
 def _caller_present(state: SessionState) -> bool:
     """Someone is on the line to be told and hung up on (the dialog is up)."""
-    return state.signaling in CALL_UP
+    return state.signaling in DIALOG_ALIVE
 
 
 # --- signaling ----------------------------------------------------------------------------------
@@ -98,6 +98,7 @@ def _on_call_offered(state: SessionState, event: ev.CallOffered, now: float) -> 
 
 def _on_call_answered(state: SessionState, event: ev.CallAnswered, now: float) -> Result:
     out: Effects = []
+    state = drop(state, (Timer.RING,), out)  # an outbound leg's (session.legs)
     if state.policy.max_duration_s > 0:
         state = arm(state, Timer.MAX_DURATION, now + state.policy.max_duration_s, 0, out)
     state = replace(
@@ -126,6 +127,8 @@ def _on_transfer_started(state: SessionState, event: ev.TransferStarted, now: fl
         # The REFER would go out on a dialog whose media or agent is still being recovered; the
         # caller could not be taken back honestly if it failed. Recover first.
         raise IllegalTransition(state, event, "the call is recovering")
+    if event.mode not in bridge.TRANSFER_MODES:
+        raise IllegalTransition(state, event, f"no transfer mode {event.mode!r}")
     out: Effects = []
     policy = state.policy
     state = replace(
@@ -149,6 +152,9 @@ def _on_transfer_started(state: SessionState, event: ev.TransferStarted, now: fl
     state = arm(
         state, Timer.TRANSFER, now + policy.transfer_timeout_s, state.recovery.generation, out
     )
+    if event.mode == "attended":
+        # RFC 5589 section 7: the caller waits while we consult the target; told so, honestly.
+        out.append(fx.Say("transfer_consulting"))
     return state, out
 
 
@@ -195,6 +201,8 @@ def _on_transfer_finished(state: SessionState, event: ev.TransferFinished, now: 
 def _on_caller_hangup(state: SessionState, event: ev.CallerHangup, now: float) -> Result:
     out: Effects = []
     # Seed 001: leaving invalidates recovery at once (RecoveryFinished: canceled, timers cancelled).
+    if state.signaling is Signaling.BRIDGED:
+        return bridge.on_bridge_ended(state, ev.BridgeEnded("caller"), now)
     if state.signaling is Signaling.OFFERED:
         terminal, reason, stage = Terminal.CANCELED, "caller hung up before answer", None
     elif state.outstanding:
@@ -448,6 +456,10 @@ def _on_deadline_fired(state: SessionState, event: ev.DeadlineFired, now: float)
     out: Effects = []
     state = forget(state, (event.name,))
     caller_present = _caller_present(state)
+    if event.name == Timer.RING:
+        if state.signaling is not Signaling.OFFERED:
+            return state, _ignored(event, "the leg is no longer ringing")
+        return legs.on_ring_timeout(state, now, out), out
     if event.name == Timer.TRANSFER:
         # No final NOTIFY in time: we stop waiting (seed 001: a deadline) and take the caller
         # back; a NOTIFY that still comes is stale.
@@ -614,8 +626,10 @@ OFFERED = frozenset({Signaling.OFFERED})
 DIALOG_UP = frozenset({Signaling.UP})  # established, nothing else pending
 CALL_UP = frozenset({Signaling.UP, Signaling.REINVITE_PENDING, Signaling.TRANSFERRING})
 TRANSFERRING = frozenset({Signaling.TRANSFERRING})
+BRIDGED = frozenset({Signaling.BRIDGED})  # people talk through us: no turns, responses, tools
+DIALOG_ALIVE = CALL_UP | BRIDGED  # someone is on the caller's line
 REINVITE_PENDING = frozenset({Signaling.REINVITE_PENDING})
-OWNED = OFFERED | CALL_UP  # a process serves the call (OwnerLost leaves it GONE)
+OWNED = OFFERED | DIALOG_ALIVE  # a process serves the call (OwnerLost leaves it GONE)
 
 E = TypeVar("E", bound=ev.Event)
 
@@ -650,6 +664,10 @@ _NOT_UP = Refuse("the call is not up")
 TRANSITIONS: Mapping[type[ev.Event], Rule[Any]] = {rule.event: rule for rule in (
     # signaling
     Rule(ev.CallOffered, BEFORE_OFFER, _on_call_offered, Refuse("the call was already offered")),
+    Rule(ev.CallPlaced, BEFORE_OFFER, legs.on_call_placed,
+         Refuse("the call was already offered")),
+    Rule(ev.LegUnanswered, OFFERED, legs.on_leg_unanswered,
+         Refuse("only a ringing outbound leg goes unanswered")),
     Rule(ev.CallAnswered, OFFERED, _on_call_answered,
          Refuse("only an offered call can be answered")),
     Rule(ev.ReinviteStarted, DIALOG_UP, _on_reinvite_started,
@@ -662,6 +680,12 @@ TRANSITIONS: Mapping[type[ev.Event], Rule[Any]] = {rule.event: rule for rule in 
          Refuse("no transfer is in progress")),
     Rule(ev.TransferFinished, TRANSFERRING, _on_transfer_finished,
          Ignore("no transfer is in progress")),
+    Rule(ev.TransferFellBack, TRANSFERRING, bridge.on_transfer_fell_back,
+         Ignore("no transfer is in progress")),
+    Rule(ev.ConsultAnswered, TRANSFERRING, bridge.on_consult_answered,
+         Ignore("no transfer is in progress")),
+    Rule(ev.BridgeUp, TRANSFERRING, bridge.on_bridge_up, Ignore("no transfer is in progress")),
+    Rule(ev.BridgeEnded, BRIDGED, bridge.on_bridge_ended, Refuse("no bridge is up")),
     Rule(ev.CallerHangup, AFTER_OFFER, _on_caller_hangup),
     Rule(ev.ServerHangup, AFTER_OFFER, _on_server_hangup),
     Rule(ev.DialogFailed, AFTER_OFFER, _on_dialog_failed),

@@ -32,6 +32,7 @@ class Signaling(enum.StrEnum):
     UP = "up"
     REINVITE_PENDING = "reinvite_pending"
     TRANSFERRING = "transferring"
+    BRIDGED = "bridged"  # a bridged transfer: the caller talks to the target through us
     GONE = "gone"
 
 

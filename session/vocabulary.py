@@ -41,6 +41,7 @@ class EndingStage(enum.StrEnum):
     AGENT = "agent"  # the agent failed (an exception in an in-process agent)
     AGENT_LINK = "agent_link"  # a remote agent's link stayed down past its reconnect deadline
     PROCESS = "process"  # the process serving it died (the reaper)
+    RINGING = "ringing"  # an outbound leg nobody answered in time (session.legs)
 
 
 class Outcome(enum.StrEnum):
@@ -89,6 +90,21 @@ class RecoveryOutcome(enum.StrEnum):
     TIMED_OUT = "timed_out"
     CANCELED = "canceled"  # the caller left, or the session ended otherwise
     FAILED = "failed"  # the dialog or the owner is gone
+
+
+class LegOutcome(enum.StrEnum):
+    """How an outbound leg (session.legs) turned out: counted in
+    ``voicegate_outbound_calls_total{outcome}``."""
+
+    ANSWERED = "answered"
+    NO_ANSWER = "no_answer"  # rang past its ring timeout, or the callee said 480
+    BUSY = "busy"  # 486, 600
+    DECLINED = "declined"  # 603
+    FAILED = "failed"  # any other final answer, or the call never left (no free slot)
+    CANCELED = "canceled"  # we gave it up before an answer (an operator, a shutdown)
+
+
+LEG_OUTCOMES: Final = tuple(o.value for o in LegOutcome)
 
 
 class BadOwnerId(ValueError):

@@ -63,6 +63,10 @@ class SipCall(pj.Call):  # type: ignore[misc]
         self.owner = owner
         self.call_id = uuid.uuid4().hex
         self.accepted = False
+        self.outbound = False  # placed by us (telephony.events.Dial), not offered to us
+        self.bridge_to = ""  # a bridge leg: the call whose audio it is connected with
+        self.bridged_with = ""  # either side of a bridge that is up: the other call
+        self.consult = False  # an attended transfer's consult leg: no media port of ours
         self.answered = False
         self.local_hangup = False
         self.bridge: MediaPort | None = None

@@ -26,10 +26,13 @@ import pjsua2 as pj
 
 from telephony import events as ev
 from telephony.admission import Admission
+from telephony.bridge import connect_bridge
 from telephony.calls import ReferredCall, SipAccount, SipCall, SipLibrary
+from telephony.dial import place_call
 from telephony.dialog_end import DialogKey, DialogTerminator, Lingering
 from telephony.frame_copy import select_copier
 from telephony.half_open import HalfOpen
+from telephony.inbound_context import read_context
 from telephony.library import (
     EndpointConfig,
     LogWriter,
@@ -277,6 +280,25 @@ class SipEndpoint:
                 call.probe(generation, attempt)
             case ev.Transfer(call_id=call_id, target=target, headers=headers):
                 self._refers.send(self._calls.get(call_id), call_id, target, headers)
+            case ev.Dial():
+                self._dial(command)
+            case ev.TransferReplaces(call_id=call_id, consult_id=consult_id):
+                self._refers.send_replaces(
+                    self._calls.get(call_id), self._calls.get(consult_id), call_id
+                )
+
+    def _dial(self, command: ev.Dial) -> None:
+        refusal = place_call(
+            self,
+            self._account,
+            self._calls,
+            command,
+            draining=self.admission.draining,
+            max_calls=self.config.max_calls,
+        )
+        if refusal is not None:
+            log.info("outbound call not placed", extra={"call_id": command.call_id, "why": refusal})
+            self.post(ev.CallEnded(command.call_id, "server", 503, refusal, answered=False))
 
     def on_transfer_request(self, call: SipCall, prm: Any) -> None:
         self._refers.on_request(call, prm, self._account)
@@ -332,6 +354,7 @@ class SipEndpoint:
                 local_uri=info.localUri,
                 called_user=request_user(whole),
                 transport=via_transport(whole),
+                context=read_context(whole).as_meta(),
             )
         )
 
@@ -410,6 +433,16 @@ class SipEndpoint:
                     )
                 )
 
+    def _bridge_media(self, call: SipCall) -> None:
+        peer_id = call.bridge_to or call.bridged_with
+        peer = self._calls.get(peer_id)
+        if peer is None or peer.audio is None or call.audio is None:
+            return
+        leg, caller = (call, peer) if call.bridge_to else (peer, call)
+        first = connect_bridge(caller, leg)
+        if first:
+            self.post(ev.Bridged(leg.call_id, caller.call_id))
+
     def _detach_media(self, call: SipCall) -> None:
         bridge, audio = call.bridge, call.audio
         call.bridge = call.audio = None
@@ -431,6 +464,15 @@ class SipEndpoint:
             # a=sendonly / inactive from the caller: a hold, not a failure (media_health).
             call.held = media.status == pj.PJSUA_CALL_MEDIA_REMOTE_HOLD
             audio = call.getAudioMedia(media.index)
+            if call.consult:
+                call.audio = audio  # nobody of ours talks on a consult leg (yet)
+                return
+            if call.bridge_to or call.bridged_with:
+                # A bridged transfer (telephony.bridge): the two calls' audio meet in the
+                # conference bridge, with no port of ours in between.
+                call.audio = audio
+                self._bridge_media(call)
+                return
             if call.bridge is None:
                 # The port runs at the bridge's own rate, whatever the codec: the bridge then
                 # converts the stream once each way, as it must anyway. A port at the codec's

@@ -6,7 +6,8 @@ own id for the call (also its session id), never PJSIP's index, which is reused.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -39,6 +40,9 @@ class CallOffered:
     local_uri: str
     called_user: str
     transport: str
+    context: Mapping[str, object] = field(default_factory=dict)
+    """What the session's metadata records of the INVITE's context headers
+    (telephony.inbound_context): ``context`` and ``context_dropped``, or nothing."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +121,15 @@ class InboundRefer:
 
 
 @dataclass(frozen=True, slots=True)
+class Bridged:
+    """A bridge leg (``Dial.bridge_to``) answered and its audio and the caller's are connected
+    in the conference bridge both ways; the caller's media port no longer sends or hears."""
+
+    call_id: str  # the leg's
+    caller_id: str
+
+
+@dataclass(frozen=True, slots=True)
 class DtmfReceived:
     call_id: str
     digit: str
@@ -178,6 +191,7 @@ SipEvent = (
     | ReinviteFinished
     | DtmfReceived
     | TransferStatus
+    | Bridged
     | InboundRefer
     | DialogProbed
     | AckTimedOut
@@ -231,4 +245,35 @@ class Transfer:
     headers: tuple[tuple[str, str], ...] = ()
 
 
-SipCommand = Answer | Hangup | Drain | ProbeDialog | Transfer
+@dataclass(frozen=True, slots=True)
+class Dial:
+    """Place an outbound call: an INVITE to ``target`` (a bare SIP URI) with ``headers`` on it,
+    as call ``call_id`` (voicegate's id: its session is durable before this is sent).
+
+    Answered, it reports :class:`CallAnswered` and :class:`MediaReady` like an inbound call; not
+    answered, :class:`CallEnded` with ``answered`` False and the callee's final status. An INVITE
+    that cannot be sent (no free call slot, draining, PJSIP refused it) is reported at once as a
+    :class:`CallEnded` with status 503 and why. :class:`Hangup` before the answer CANCELs it."""
+
+    call_id: str
+    target: str
+    headers: tuple[tuple[str, str], ...] = ()
+    bridge_to: str = ""
+    """A bridged transfer's leg: once answered, its audio is connected both ways with this
+    call's instead of a media port of ours (:class:`Bridged` says when)."""
+    consult: bool = False
+    """An attended transfer's consult leg: no media port of ours; it only has to be answered,
+    then :class:`TransferReplaces` hands it over."""
+
+
+@dataclass(frozen=True, slots=True)
+class TransferReplaces:
+    """Send an attended transfer's REFER in ``call_id``'s dialog: the caller's side is asked to
+    call the consult leg's party with ``Replaces`` (RFC 3891, RFC 5589 section 7). Progress
+    comes back as :class:`TransferStatus` of ``call_id``."""
+
+    call_id: str
+    consult_id: str
+
+
+SipCommand = Answer | Hangup | Drain | ProbeDialog | Transfer | Dial | TransferReplaces

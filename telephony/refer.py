@@ -49,6 +49,25 @@ class Refers:
             return
         log.info("transfer.refer_sent", extra={"call_id": call_id, "target": mask_uri(target)})
 
+    def send_replaces(self, call: SipCall | None, consult: SipCall | None, call_id: str) -> None:
+        """Send the REFER of an attended transfer (RFC 5589 section 7): its Refer-To names the
+        consult dialog's remote party with ``Replaces`` (RFC 3891) escaped in, and
+        ``Require: replaces``, built by pjsua (``xferReplaces``). Progress comes as for a blind
+        REFER; a REFER that cannot be sent is reported as a final 503."""
+        if call is None or not call.answered or call.local_hangup:
+            self._post(ev.TransferStatus(call_id, 481, "call is not up", final=True))
+            return
+        if consult is None or not consult.answered or consult.local_hangup:
+            self._post(ev.TransferStatus(call_id, 481, "the consult leg is not up", final=True))
+            return
+        try:
+            call.xferReplaces(consult, pj.CallOpParam(True))
+        except pj.Error as exc:
+            log.warning("transfer not sent", extra={"call_id": call_id, "error": exc.reason})
+            self._post(ev.TransferStatus(call_id, 503, f"REFER not sent: {exc.reason}", final=True))
+            return
+        log.info("transfer.refer_replaces_sent", extra={"call_id": call_id})
+
     def on_request(self, call: SipCall, prm: Any, account: SipAccount | None) -> None:
         """An inbound REFER (RFC 3515): refused with 403 unless policy allows its target; an
         allowed one is followed by pjsua (202, the INVITE, NOTIFYs of its progress)."""

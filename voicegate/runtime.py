@@ -41,6 +41,7 @@ from telephony.sip_message import mask_uri
 from voicegate.call.call_state import CallPhase
 from voicegate.call.clock import SessionClock
 from voicegate.call.hangup import HangupPlan
+from voicegate.call.legs import OutboundLeg, PlaceRefused, new_leg_offer
 from voicegate.call.live_call import LiveCall
 from voicegate.call.transfer import TransferRefused
 from voicegate.faults import Faults
@@ -143,6 +144,9 @@ class Runtime:
         self._http: aiohttp.ClientSession | None = None
         self.tool_client: ToolClient
         self.calls: dict[str, LiveCall] = {}
+        # Bridge legs (voicegate/call/bridge.py): leg id -> the call it belongs to, until the
+        # leg's dialog has ended. Each holds a call slot.
+        self.legs: dict[str, str] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self.sip: SipEndpoint | None = None
         self.sip_ready = False
@@ -361,12 +365,50 @@ class Runtime:
                 self.metrics.calls_half_open.inc()
                 log.warning("call.no_ack", extra={"call_id": call_id, "after_s": after_s})
             case _:
-                call = self.calls.get(getattr(event, "call_id", ""))
+                call_id = getattr(event, "call_id", "")
+                call = self.calls.get(call_id)
+                if call is None and call_id in self.legs:
+                    # A bridge's leg: its call handles it (voicegate/call/bridge.py).
+                    call = self.calls.get(self.legs[call_id])
+                    if isinstance(event, ev.CallEnded):
+                        del self.legs[call_id]
                 if call is not None:
                     call.deliver(event)
 
-    def _start_call(self, offer: ev.CallOffered) -> None:
-        call = LiveCall(offer, self, self._agent_factory, self._clock)
+    async def place_call(
+        self, target: str, headers: tuple[tuple[str, str], ...] = ()
+    ) -> str | PlaceRefused:
+        """Place an outbound call to ``target`` (voicegate/call/legs.py): its session id once
+        its session is durable (so ``/v1/sessions/{id}`` finds it; the INVITE follows), else
+        why not."""
+        if not self.settings.outbound.allows(target):
+            return PlaceRefused(403, "target is not in outbound.allowed_targets", "target")
+        if self.draining or not self.sip_ready:
+            return PlaceRefused(503, "the server is not taking calls (draining or starting)")
+        max_calls = self.settings.pool.calls_per_worker
+        if self.free_slots() < 1:
+            held = max_calls - self.free_slots()
+            return PlaceRefused(
+                503, f"no free call slot: {held} of {max_calls} call slots are held here"
+            )
+        offer = new_leg_offer(target)
+        leg = OutboundLeg(target, self.settings.outbound.ring_timeout_s, headers)
+        call = self._start_call(offer, leg)
+        await call.session_started.wait()  # set by the call's task however it ends (_run_call)
+        if call.session is None:
+            return PlaceRefused(503, "the call's session could not be started (see the log)")
+        return offer.call_id
+
+    def free_slots(self) -> int:
+        return self.settings.pool.calls_per_worker - len(self.calls) - len(self.legs)
+
+    def adopt_leg(self, leg_id: str, call_id: str) -> None:
+        self.legs[leg_id] = call_id
+
+    def _start_call(
+        self, offer: ev.CallOffered, outbound: OutboundLeg | None = None
+    ) -> LiveCall:
+        call = LiveCall(offer, self, self._agent_factory, self._clock, outbound)
         self.calls[call.call_id] = call
         self._arm_ticker()
         task = asyncio.create_task(self._run_call(call), name=f"call-{call.call_id[:8]}")
@@ -376,6 +418,7 @@ class Runtime:
             call.end(
                 HangupPlan("canceled", "server shutting down"), after_playout=False, status=503
             )
+        return call
 
     async def _run_call(self, call: LiveCall) -> None:
         try:
@@ -384,6 +427,7 @@ class Runtime:
             log.exception("call.crashed", extra={"call_id": call.call_id})
             call.end(HangupPlan("canceled", "internal error"), after_playout=False)
         finally:
+            call.session_started.set()
             self.calls.pop(call.call_id, None)
 
     def is_live(self, session_id: str) -> bool:

@@ -321,6 +321,7 @@ class Sipp:
     transport: str = "u1"
     extra: tuple[str, ...] = ()
     timeout_s: int = 90
+    port: int | None = None  # SIPp's own SIP port; a uas-* scenario is dialled there
     process: subprocess.Popen[bytes] | None = None
 
     def args(self) -> list[str]:
@@ -336,7 +337,7 @@ class Sipp:
             "-i",
             LOOPBACK,
             "-p",
-            str(free_port()),
+            str(self.port or free_port()),
             "-mp",
             str(free_port(udp_and_tcp=False)),
             "-t",

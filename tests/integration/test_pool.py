@@ -15,9 +15,11 @@ from typing import Any
 import pytest
 
 from tests.integration.harness import (
+    LOOPBACK,
     Server,
     ServerFactory,
     Sipp,
+    free_port,
     free_port_block,
     rtp_range,
     wait_for,
@@ -214,3 +216,38 @@ def test_a_pool_without_kamailio_says_how_to_install_it(tmp_path: Path) -> None:
     )
     assert result.returncode == 3
     assert "apt install kamailio" in result.stderr.decode()
+
+
+def test_the_pool_places_outbound_calls_on_workers_with_a_free_slot(
+    server_factory: ServerFactory, tmp_path: Path
+) -> None:
+    env = pool_env(
+        2,
+        VOICEGATE_POOL_CALLS_PER_WORKER="1",
+        VOICEGATE_OUTBOUND_ALLOWED_TARGETS="sip:callee@127.0.0.1:*",
+    )
+    pool = server_factory("pool", **env)
+    wait_for(lambda: ready_workers(pool) == 2, 30, "every worker ready")
+    callees, placed = [], []
+    for n in range(2):
+        port = free_port()
+        callees.append(Sipp("uas-no-answer.xml", "", tmp_path / f"callee{n}", port=port).start())
+        status, body = pool.post_json("/v1/calls", {"target": f"sip:callee@{LOOPBACK}:{port}"})
+        assert status == 202, body
+        placed.append(body)
+    # Each worker has one slot: the two legs went to different workers, and a third is refused.
+    assert {p["worker"] for p in placed} == {w["name"] for w in workers(pool)}
+    status, body = pool.post_json("/v1/calls", {"target": f"sip:callee@{LOOPBACK}:5"})
+    assert status == 503, body
+    assert body["error"] == "no worker has a free call slot"
+    assert [w["answer"] for w in body["workers"]] == ["no free call slot"] * 2
+    for leg in placed:
+        assert pool.post(f"/v1/calls/{leg['call_id']}/hangup") == 202, (
+            pool.http(f"/v1/calls/{leg['call_id']}"), pool.http("/v1/calls")
+        )  # CANCEL, via its worker
+    for callee in callees:
+        assert callee.wait() == 0, callee.errors()
+    wait_for(
+        lambda: len(pool.ended()) == 2 and all(pool.ended()), 15, "both legs to end"
+    )
+    assert {e["terminal_state"] for e in pool.ended()} == {"canceled"}

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.integration.harness import Provider, Server, ServerFactory, Sipp, wait_for
+from tests.secret_audit import AUDIT
 
 CC = "sip:desk@cc.example.com"
 ENV = {
@@ -171,7 +172,7 @@ def test_the_api_refuses_a_target_outside_allowed_targets_and_changes_nothing(
     status, body = server.post_json(path, {"target": "sip:+19005550100@premium.example"})
     assert status == 403, body
     assert body["field"] == "target" and body["allowed_targets"] == ["sip:*@cc.example.com"]
-    status, body = server.post_json(path, {"target": CC, "mode": "bridge"})
+    status, body = server.post_json(path, {"target": CC, "mode": "warm"})
     assert (status, body["field"]) == (400, "mode")
     status, body = server.post_json("/v1/calls/nope/transfer", {"target": CC})
     assert (status, body["call_id"]) == (404, "nope")
@@ -246,3 +247,34 @@ def test_needs_human_hands_the_caller_to_the_human_target_instead_of_hanging_up(
         wait_for(lambda: len(provider.charges()) == 1, 10, "the slow charge to land")
     finally:
         provider.stop()
+
+
+# What uac-transferred-in.xml sends that must never be logged: the caller's number in an X-
+# header (only its masked form is recorded) and a resume handle (never recorded at all).
+AUDIT.register("+15551234567", "caller number", "sipp-scenarios/uac-transferred-in.xml")
+AUDIT.register("not-a-real-handle-7f3a", "resume handle", "sipp-scenarios/uac-transferred-in.xml")
+
+
+def test_a_call_transferred_in_records_the_centres_context_in_a_new_session(
+    server: Server, tmp_path: Path
+) -> None:
+    sipp = Sipp("uac-transferred-in.xml", server.sip_target, tmp_path)
+    assert sipp.run() == 0, sipp.errors()
+    session = _one_session(server)
+    assert (session["ended"]["terminal_state"], session["ended"]["reason"]) == (
+        "completed",
+        "caller hung up",
+    )
+    meta = session["meta"]
+    assert meta["context"] == {
+        "User-to-User": "43432D31323334;encoding=hex;purpose=isdn-uui",
+        "X-Genesys-Queue": "billing",
+        "X-Caller-Number": "+********567",
+    }
+    assert meta["context_dropped"] == {
+        "X-Long-Note": "longer than 256 characters",
+        "X-Voicegate-Resume": "a resume handle is never recorded",
+    }
+    offered = [e for e in server.log_events() if e.get("event") == "call.offered"]
+    assert offered[0]["context_headers"] == ["User-to-User", "X-Caller-Number", "X-Genesys-Queue"]
+    assert "not-a-real-handle-7f3a" not in server.log()

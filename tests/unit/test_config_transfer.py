@@ -60,10 +60,10 @@ def test_a_pattern_that_is_not_a_sip_uri_is_refused() -> None:
     assert "not a SIP URI pattern" in message
 
 
-def test_only_blind_transfer_is_accepted_for_now() -> None:
-    message = _error(VOICEGATE_TRANSFER_DEFAULT_MODE="attended")
+def test_only_the_built_transfer_modes_are_accepted() -> None:
+    message = _error(VOICEGATE_TRANSFER_DEFAULT_MODE="consultative")
     assert "transfer.default_mode" in message
-    assert "blind" in message
+    assert "blind" in message and "bridge" in message and "attended" in message
 
 
 def test_a_configured_target_outside_allowed_targets_is_refused_at_load_time() -> None:

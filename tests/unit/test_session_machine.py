@@ -826,12 +826,18 @@ def test_a_terminal_status_names_the_state_stage_and_reason() -> None:
 
 SAMPLES: list[ev.Event] = [
     ev.CallOffered("+15550001234", "service", {"recovery_timeout_s": 5.0}),
+    ev.CallPlaced("sip:****567@cc.example", 20.0, {"recovery_timeout_s": 5.0}),
+    ev.LegUnanswered(486, "Busy Here"),
     ev.CallAnswered(),
     ev.ReinviteStarted(),
     ev.ReinviteFinished(3, ok=False),
     ev.TransferStarted("sip:desk@example.org"),
     ev.TransferProgress(180),
     ev.TransferFinished(2, ok=False),
+    ev.TransferFellBack(2, 603),
+    ev.ConsultAnswered(2),
+    ev.BridgeUp(2),
+    ev.BridgeEnded("target"),
     ev.CallerHangup(),
     ev.DialogFailed(408, "no ACK"),
     ev.AgentFailed("on_dtmf raised ValueError"),

@@ -50,6 +50,7 @@ DEADLINE_NAMES = (
     "recovery_retry",
     "no_input",
     "no_input_final",
+    "ring",
     "no_such_timer",
 )
 
@@ -116,10 +117,23 @@ def blind_strategies(generation: int, current_attempt: int) -> EventStrategies:
             called_user=st.just("service"),
             policy=POLICIES,
         ),
+        ev.CallPlaced: st.builds(
+            ev.CallPlaced,
+            target=st.just("sip:desk@example.org"),
+            ring_timeout_s=st.sampled_from([1.0, 30.0]),
+            policy=POLICIES,
+        ),
         ev.CallAnswered: st.just(ev.CallAnswered()),
         ev.ReinviteStarted: st.just(ev.ReinviteStarted()),
         ev.ReinviteFinished: st.builds(ev.ReinviteFinished, generation=gen, ok=st.booleans()),
-        ev.TransferStarted: st.builds(ev.TransferStarted, target=st.just("sip:desk@example.org")),
+        ev.TransferStarted: st.builds(
+            ev.TransferStarted,
+            target=st.just("sip:desk@example.org"),
+            mode=st.sampled_from(["blind", "bridge", "attended", "bogus"]),
+        ),
+        ev.TransferFellBack: st.builds(ev.TransferFellBack, generation=gen, status=st.just(603)),
+        ev.BridgeUp: st.builds(ev.BridgeUp, generation=gen),
+        ev.ConsultAnswered: st.builds(ev.ConsultAnswered, generation=gen),
         ev.TransferProgress: st.builds(
             ev.TransferProgress, status=st.sampled_from([100, 180, 200, 503])
         ),
@@ -176,6 +190,10 @@ ENDING_STRATEGIES: EventStrategies = {
         ev.DialogFailed, status=st.sampled_from([0, 408, 500]), reason=st.just("x")
     ),
     ev.SessionExpired: st.builds(ev.SessionExpired, reason=st.just("No session refresh")),
+    ev.BridgeEnded: st.builds(ev.BridgeEnded, by=st.sampled_from(["caller", "target", "x"])),
+    ev.LegUnanswered: st.builds(
+        ev.LegUnanswered, status=st.sampled_from([486, 603, 480, 404, 503]), reason=st.just("x")
+    ),
     ev.AgentFailed: st.builds(ev.AgentFailed, reason=st.just("on_dtmf raised ValueError")),
     ev.AgentLinkFailed: st.builds(ev.AgentLinkFailed, reason=st.just("not back within 5 s")),
     ev.ServerHangup: st.builds(

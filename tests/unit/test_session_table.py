@@ -36,6 +36,9 @@ IN_STATE: dict[Signaling, Callable[[], SessionState]] = {
     Signaling.UP: lambda: _fold(OFFER, ANSWER),
     Signaling.REINVITE_PENDING: lambda: _fold(OFFER, ANSWER, (ev.ReinviteStarted(), 2.0)),
     Signaling.TRANSFERRING: lambda: _fold(OFFER, ANSWER, (ev.TransferStarted("sip:d@x"), 2.0)),
+    Signaling.BRIDGED: lambda: _fold(
+        OFFER, ANSWER, (ev.TransferStarted("sip:d@x", "bridge"), 2.0), (ev.BridgeUp(1), 3.0)
+    ),
     Signaling.GONE: lambda: _fold(OFFER, ANSWER, (ev.OwnerLost("died"), 2.0)),
 }
 
@@ -53,7 +56,9 @@ def test_every_event_type_has_exactly_one_rule() -> None:
 
 def test_only_the_offer_and_the_forced_endings_apply_before_the_offer() -> None:
     before_offer = {e.type for e, rule in TRANSITIONS.items() if Signaling.NONE in rule.legal_in}
-    assert before_offer == {"call_offered", "operator_resolution", "session_reaped"}
+    assert before_offer == {
+        "call_offered", "call_placed", "operator_resolution", "session_reaped"
+    }
 
 
 PAIRS = [

@@ -66,11 +66,11 @@ async def test_a_bad_body_is_a_400_naming_the_field(
     assert (await response.json())["field"] == field
 
 
-async def test_an_attended_mode_is_refused_as_not_built(client: TestClient[Any, Any]) -> None:
-    response = await client.post(PATH, json={"target": "sip:a@cc.example.com", "mode": "attended"})
+async def test_an_unknown_mode_is_refused(client: TestClient[Any, Any]) -> None:
+    response = await client.post(PATH, json={"target": "sip:a@cc.example.com", "mode": "warm"})
     assert response.status == 400
     body = await response.json()
-    assert body["field"] == "mode" and "not built yet" in body["error"]
+    assert body["field"] == "mode" and body["allowed"] == ["blind", "bridge", "attended"]
 
 
 async def test_a_good_body_for_an_unknown_call_is_404(client: TestClient[Any, Any]) -> None:

@@ -123,6 +123,15 @@ class SessionSteps:
         else:
             self._act()
 
+    def after_durable(self, then: Callable[[], None]) -> None:
+        """Run ``then()`` once the last step is durable (at once if it already is): an act
+        outside the process that the step asks for (a REFER, an INVITE) follows its record."""
+        write = self.last_write
+        if write is None or write.done():
+            then()
+        else:
+            write.add_done_callback(lambda f: self.from_writer(lambda _: then(), f))
+
     def from_writer(self, then: Callable[[Future[Any]], None], done: Future[Any]) -> None:
         """Run ``then(done)`` in the call's task, in order with the call's other events."""
         # Called on the writer thread: hand the result to the call's task, in order.

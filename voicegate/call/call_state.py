@@ -32,6 +32,8 @@ class CallState:
     agent: Agent | None = None
     # Set by the session's ReleaseMedia effect: no caller audio in, no agent audio out.
     media_released: bool = False
+    # A call we placed (voicegate/call/legs.py), not one offered to us.
+    outbound: bool = False
 
     @property
     def session_state(self) -> SessionState | None:

@@ -35,6 +35,7 @@ from voicegate.call.call_state import CallPhase, CallState
 from voicegate.call.clock import SessionClock
 from voicegate.call.control import AgentControl, AgentWork
 from voicegate.call.hangup import HangingUp, HangupPlan
+from voicegate.call.legs import OutboundLeg, unanswered_outcome
 from voicegate.call.notices import AgentNotice, AgentNotices
 from voicegate.call.responses import Responses
 from voicegate.call.services import CallServices
@@ -64,19 +65,23 @@ class LiveCall:
         services: CallServices,
         agent_factory: AgentFactory,
         clock: SessionClock,
+        outbound: OutboundLeg | None = None,
     ) -> None:
         self.offer = offer
         self.call_id = offer.call_id
+        self.outbound = outbound
         self._services = services
         self._agent_factory = agent_factory
         self._clock = clock
         self.events: asyncio.Queue[object] = asyncio.Queue()
-        self._state = state = CallState(self.call_id)
+        self._state = state = CallState(self.call_id, outbound=outbound is not None)
         self.started_at = clock.now()
         self.answered_at: float | None = None
         self.codec = ""
         self.codec_rate: int | None = None
         self.done = asyncio.Event()
+        # Set once the session's first event is durable (or the call is over without it).
+        self.session_started = asyncio.Event()
         self._tick_queued = False
         self._stale_seen = 0
         self._stale_played_seen = 0
@@ -238,15 +243,23 @@ class LiveCall:
 
     async def run(self) -> None:
         services = self._services
-        meta = {
-            "caller": mask_uri(self.offer.remote_uri),
+        caller = mask_uri(self.offer.remote_uri)
+        meta: dict[str, object] = {
+            # An outbound leg's remote party is the one called (voicegate/call/legs.py).
+            ("callee" if self.outbound else "caller"): caller,
             "called_user": self.offer.called_user,
             "transport": self.offer.transport,
             "sip_call_id": self.offer.sip_call_id,
+            # A call transferred in: the centre's User-to-User and X- headers, bounded and
+            # validated on the SIP thread (telephony.inbound_context).
+            **self.offer.context,
         }
-        offered = sev.CallOffered(
-            caller=meta["caller"], called_user=self.offer.called_user, policy=services.policy()
+        offered: sev.Event = sev.CallOffered(
+            caller=caller, called_user=self.offer.called_user, policy=services.policy()
         )
+        if self.outbound is not None:
+            meta["direction"] = "outbound"
+            offered = sev.CallPlaced(caller, self.outbound.ring_timeout_s, services.policy())
         call_id, owner, at = self.call_id, services.owner, self.started_at
         lease = await asyncio.wrap_future(
             services.writer.submit(
@@ -257,10 +270,21 @@ class LiveCall:
         self._steps.apply(offered)
         services.metrics.calls_offered.inc()
         services.metrics.calls_active.inc()
-        log.info("call.offered", extra={"call_id": self.call_id, **meta})
+        # Context values stay out of the log (a centre may put anything in an X- header): their
+        # names say enough there; the session's metadata has them.
+        said = {k: v for k, v in meta.items() if k not in ("context", "context_dropped")}
+        context = self.offer.context.get("context")
+        if isinstance(context, dict) and context:
+            said["context_headers"] = sorted(context)
+        log.info("call.offered", extra={"call_id": self.call_id, **said})
         # The session is durable before the caller hears anything from us.
         await self._steps.settled()
-        if services.answer_after_s > 0:
+        self.session_started.set()
+        if self.outbound is not None:
+            leg = self.outbound
+            if self._hangup.plan is None and self.phase is CallPhase.RINGING:
+                services.submit(ev.Dial(self.call_id, leg.target, leg.headers))
+        elif services.answer_after_s > 0:
             asyncio.get_running_loop().call_later(services.answer_after_s, self._answer)
         else:
             self._answer()
@@ -283,6 +307,7 @@ class LiveCall:
             if self.phase is not CallPhase.ENDED:
                 # Cancelled (shutdown past its deadline): the outcome is still recorded.
                 self._finish_without_dialog("server stopped before the call ended")
+            self.session_started.set()
             self.done.set()
 
     def _agent_failed(self, crash: AgentCrashed) -> None:
@@ -302,6 +327,9 @@ class LiveCall:
 
     async def _handle(self, item: object) -> None:
         steps = self._steps
+        if self.transfer.bridge.owns(getattr(item, "call_id", self.call_id)):
+            self.transfer.bridge.on_leg_event(item)  # the leg of a bridged transfer
+            return
         match item:
             case _Tick():
                 self._tick_queued = False
@@ -341,6 +369,8 @@ class LiveCall:
                     self._state.phase = CallPhase.ANSWERED
                     self.answered_at = self._clock.now()
                     log.info("call.answered", extra={"call_id": self.call_id})
+                    if self.outbound is not None:
+                        self._services.metrics.outbound_calls.labels("answered").inc()
                     await self._maybe_start_agent()
             case ev.DtmfReceived(digit=digit, method=method):
                 self._services.metrics.dtmf_digits.labels(method).inc()
@@ -348,7 +378,7 @@ class LiveCall:
             case ev.CallEnded():
                 self.transfer.caller_left(self._transferring() and item.by == "caller")
                 self._sip.ended(item)
-                self._finish()
+                self._finish(item.status)
                 # Marks the end cut are reported cleared before the agent hears of the end.
                 if self.channel is not None:
                     await self._playback_events(self.channel.playout)
@@ -438,8 +468,14 @@ class LiveCall:
             self._steps.try_apply(sev.ServerHangup("canceled", reason))
         self._finish()
 
-    def _finish(self) -> None:
+    def _finish(self, status: int = 0) -> None:
         services = self._services
+        self.transfer.bridge.release()
+        if self.outbound is not None and self.answered_at is None:
+            outcome = unanswered_outcome(
+                self._state.session_state, status, self._hangup.plan is not None
+            )
+            services.metrics.outbound_calls.labels(outcome.value).inc()
         self._state.phase = CallPhase.ENDED
         services.metrics.calls_active.dec()
         ended = self.session.state.ended if self.session else None

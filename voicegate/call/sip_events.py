@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 
 from session import events as sev
+from session.state import Signaling
 from telephony import events as ev
 from voicegate.call.acting import SessionSteps
 from voicegate.call.call_state import CallPhase, CallState
@@ -41,14 +42,18 @@ class SipEvents:
         """The dialog ended: the session records why, unless it has already ended."""
         session = self._state.session
         if session is not None and not session.state.terminal:
-            if ended.by == "caller" and ended.status in (200, 487):
+            plan = self._hangup.plan
+            if self._state.outbound and not ended.answered and not (ended.by == "server" and plan):
+                # Our INVITE's final answer (486, 603, ...), or our own 503 for one that never
+                # left: an outbound leg's explicit outcome (session.legs).
+                self._steps.try_apply(sev.LegUnanswered(ended.status, ended.reason))
+            elif ended.by == "caller" and ended.status in (200, 487):
                 # 200: the caller's BYE; 487: the caller's CANCEL before we answered.
                 self._steps.try_apply(sev.CallerHangup())
             elif ended.status == 408 and "refresh" in ended.reason.lower():
                 # RFC 4028 expiry: PJSIP's session timer ended the dialog.
                 self._steps.try_apply(sev.SessionExpired(ended.reason))
-            elif ended.by == "server" and self._hangup.plan is not None:
-                plan = self._hangup.plan
+            elif ended.by == "server" and plan is not None:
                 self._steps.try_apply(sev.ServerHangup(plan.outcome, plan.reason))
             else:
                 self._steps.try_apply(sev.DialogFailed(ended.status, ended.reason))
@@ -59,6 +64,8 @@ class SipEvents:
         state = self._state.session_state
         if state is None or state.terminal or self._state.phase is not CallPhase.ANSWERED:
             return
+        if state.signaling is Signaling.BRIDGED:
+            return  # people talk through the bridge: a gap is theirs to notice, not the agent's
         log.info("call.media_health", extra={"call_id": self._state.call_id, "health": health})
         if health == "interrupted":
             self._services.metrics.media_gaps.inc()

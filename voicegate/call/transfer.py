@@ -1,4 +1,6 @@
-"""A call's blind transfer (RFC 3515, RFC 5589 section 6), from the request to the outcome.
+"""A call's transfer, from the request to the outcome: blind (RFC 3515, RFC 5589 section 6),
+bridged, or attended (RFC 5589 section 7: the consult leg, then REFER with Replaces), the last
+two with their leg in voicegate/call/bridge.py, and the bridge as a blind transfer's fallback.
 
 Who may ask: the control API, the agent (``CallControl.transfer``), the demo agent's key 0, and
 the session's own needs_human ending when ``transfer.human_target`` is set (the handoff). The
@@ -24,6 +26,7 @@ from telephony import events as ev
 from telephony.sip_message import mask_uri
 from telephony.transfer import context_headers
 from voicegate.call.acting import SessionSteps
+from voicegate.call.bridge import ATTENDED, BRIDGE, CallBridge
 from voicegate.call.call_state import CallPhase, CallState
 from voicegate.call.clock import SessionClock
 from voicegate.call.hangup import HangingUp
@@ -69,6 +72,8 @@ class CallTransfer:
         self._accepted = False  # the REFER of the transfer in progress got its 2xx
         self._handoff: str | None = None  # the human target a handoff went to
         self._handoff_done = False
+        self.mode = MODE  # the transfer in progress's: blind, or bridge (voicegate/call/bridge.py)
+        self.bridge = CallBridge(state, services, steps)
         hangup.before_bye = self._maybe_hand_off
 
     @property
@@ -83,8 +88,7 @@ class CallTransfer:
         if mode is not None and mode not in TRANSFER_MODES:
             return "", TransferRefused(
                 400,
-                f"mode must be one of {', '.join(TRANSFER_MODES)} (attended and bridge "
-                "are not built yet)",
+                f"mode must be one of {', '.join(TRANSFER_MODES)}",
                 "mode",
             )
         target = (target or settings.default_target).strip()
@@ -105,6 +109,14 @@ class CallTransfer:
             return target, TransferRefused(
                 409, f"the call cannot be transferred now ({state.status()})", "call_id"
             )
+        wanted = mode or settings.default_mode
+        if wanted in (BRIDGE, ATTENDED) and not self.bridge.has_slot():
+            leg = "the bridge's leg" if wanted == BRIDGE else "the consult leg"
+            return target, TransferRefused(
+                503,
+                f"no free call slot for {leg} to the target (the pair holds two)",
+                "mode",
+            )
         return target, None
 
     def start(self, target: str | None = None, mode: str | None = None) -> TransferRefused | None:
@@ -121,23 +133,22 @@ class CallTransfer:
                 },
             )
             return refused
-        if not self._steps.try_apply(sev.TransferStarted(target)):
+        mode = mode or self.settings.default_mode
+        if not self._steps.try_apply(sev.TransferStarted(target, mode)):
             return TransferRefused(409, "the session refused the transfer now", "call_id")
         self._accepted = False
+        self.mode = mode
         log.info(
             "transfer.started",
-            extra={"call_id": self._state.call_id, "target": mask_uri(target), "mode": MODE},
+            extra={"call_id": self._state.call_id, "target": mask_uri(target), "mode": mode},
         )
-        self._after_durable(lambda: self._send_refer(target))
-        return None
-
-    def _after_durable(self, then: object) -> None:
-        assert callable(then)
-        write = self._steps.last_write
-        if write is None or write.done():
-            then()
+        if mode in (BRIDGE, ATTENDED):
+            # Both start with a leg of ours to the target: the bridge's, or the consult leg.
+            consult = mode == ATTENDED
+            self._steps.after_durable(lambda: self.bridge.place(target, consult=consult))
         else:
-            write.add_done_callback(lambda f: self._steps.from_writer(lambda _: then(), f))
+            self._steps.after_durable(lambda: self._send_refer(target))
+        return None
 
     def _send_refer(self, target: str) -> None:
         headers = context_headers(self._state.call_id)
@@ -174,10 +185,25 @@ class CallTransfer:
             self._steps.try_apply(sev.TransferProgress(report.status))
             return
         ok = 200 <= report.status < 300
-        if self._steps.try_apply(
-            sev.TransferFinished(state.recovery.generation, ok=ok, status=report.status)
-        ):
-            metrics.transfers.labels(MODE, self._outcome(report)).inc()
+        generation = state.recovery.generation
+        if not ok and not self._accepted and self._falls_back():
+            # The REFER itself was refused (a carrier without REFER): bridge instead.
+            if self._steps.try_apply(sev.TransferFellBack(generation, report.status)):
+                metrics.transfers.labels(self.mode, "refused").inc()
+                self.mode = BRIDGE
+                target = state.transfer_target
+                log.info("transfer.fell_back", extra={"call_id": self._state.call_id})
+                self._steps.after_durable(lambda: self.bridge.place(target))
+            return
+        if self._steps.try_apply(sev.TransferFinished(generation, ok=ok, status=report.status)):
+            metrics.transfers.labels(self.mode, self._outcome(report)).inc()
+            if not ok:
+                self.bridge.give_up()  # an attended transfer's consult leg, if still there
+
+    def _falls_back(self) -> bool:
+        return (
+            self.mode == MODE and self.settings.fallback == BRIDGE and self.bridge.has_slot()
+        )
 
     def _outcome(self, report: ev.TransferStatus) -> str:
         if 200 <= report.status < 300:
@@ -188,12 +214,13 @@ class CallTransfer:
         """The session's NOTIFY guard went off (its step is applied by the call's task)."""
         state = self._state.session_state
         if was_transferring and state is not None and state.signaling is Signaling.UP:
-            self._services.metrics.transfers.labels(MODE, "timed_out").inc()
+            self._services.metrics.transfers.labels(self.mode, "timed_out").inc()
             log.warning("transfer.timed_out", extra={"call_id": self._state.call_id})
+            self.bridge.give_up()
 
     def caller_left(self, was_transferring: bool) -> None:
         if was_transferring:
-            self._services.metrics.transfers.labels(MODE, "caller_left").inc()
+            self._services.metrics.transfers.labels(self.mode, "caller_left").inc()
 
     # --- the needs_human handoff -----------------------------------------------------------------
 

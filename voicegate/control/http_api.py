@@ -16,6 +16,7 @@ from config.settings import TRANSFER_MODES
 from session.durable import DurableSession
 from session.state import TERMINAL_STATES
 from session.store import SessionStore, SessionSummary
+from voicegate.call.legs import PlaceRefused
 from voicegate.control.handoff import handoff
 from voicegate.control.http_rules import json_error, json_object, new_app
 from voicegate.control.status_page import status_page
@@ -101,6 +102,51 @@ async def hangup_call(request: web.Request) -> web.Response:
 _TARGET = sip_uri()
 
 
+async def read_placement(request: web.Request) -> dict[str, str] | web.Response:
+    """The body of ``POST /v1/calls``: ``target`` (a bare SIP URI), or the 400 naming the field
+    (shared with the pool's app)."""
+    body = await json_object(request, required=frozenset({"target"}), optional=frozenset())
+    if isinstance(body, web.Response):
+        return body
+    try:
+        _TARGET.check(body["target"])
+    except Invalid as exc:
+        return json_error(400, f"target: {exc}", field="target")
+    return body
+
+
+async def place_call(request: web.Request) -> web.Response:
+    """Place an outbound call (voicegate/call/legs.py). 202 once its session exists (the INVITE
+    follows once that is durable); the outcome is the session's. 403 for a target outside
+    ``outbound.allowed_targets``; 503 without a free call slot (or while draining)."""
+    runtime = request.app[RUNTIME]
+    body = await read_placement(request)
+    if isinstance(body, web.Response):
+        return body
+    placed = await runtime.place_call(body["target"])
+    if isinstance(placed, PlaceRefused):
+        extra: dict[str, object] = {}
+        if placed.status == 403:
+            extra["allowed_targets"] = list(runtime.settings.outbound.allowed_targets)
+        if placed.status == 503:
+            extra["live_calls"] = len(runtime.calls)
+            extra["max_calls"] = runtime.settings.pool.calls_per_worker
+        response = json_error(placed.status, placed.message, field=placed.field, **extra)
+        if placed.status == 503:
+            response.headers["Retry-After"] = "5"
+        return response
+    return web.json_response(
+        {
+            "call_id": placed,
+            "placing": True,
+            "target": body["target"],
+            "ring_timeout_s": runtime.settings.outbound.ring_timeout_s,
+            "session": f"/v1/sessions/{placed}",
+        },
+        status=202,
+    )
+
+
 async def read_transfer(request: web.Request) -> dict[str, str] | web.Response:
     """The body of ``POST /v1/calls/{id}/transfer``: ``target`` (a bare SIP URI) and an
     optional ``mode``, or the 400 naming the field (shared with the pool's app)."""
@@ -115,8 +161,7 @@ async def read_transfer(request: web.Request) -> dict[str, str] | web.Response:
     if mode is not None and mode not in TRANSFER_MODES:
         return json_error(
             400,
-            f"mode must be one of {', '.join(TRANSFER_MODES)} (attended and bridge are not built "
-            "yet)",
+            f"mode must be one of {', '.join(TRANSFER_MODES)}",
             field="mode",
             allowed=list(TRANSFER_MODES),
         )
@@ -331,6 +376,7 @@ def make_app(runtime: Runtime) -> web.Application:
     app.router.add_get("/metrics", metrics, allow_head=False)
     app.router.add_get("/status", status_page, allow_head=False)
     app.router.add_get("/v1/calls", list_calls, allow_head=False)
+    app.router.add_post("/v1/calls", place_call)
     app.router.add_get("/v1/calls/{call_id}", get_call, allow_head=False)
     app.router.add_post("/v1/calls/{call_id}/hangup", hangup_call)
     app.router.add_post("/v1/calls/{call_id}/transfer", transfer_call)

@@ -15,7 +15,12 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest, multiprocess
 
-from voicegate.control.http_api import add_sessions_routes, prometheus_response, read_transfer
+from voicegate.control.http_api import (
+    add_sessions_routes,
+    prometheus_response,
+    read_placement,
+    read_transfer,
+)
 from voicegate.control.http_rules import json_error, new_app
 from voicegate.control.status_page import status_page
 from voicegate.pool.supervisor import Supervisor, Worker, WorkerState
@@ -143,6 +148,37 @@ async def transfer_call(request: web.Request) -> web.Response:
     return await _forward(request, "transfer", body)
 
 
+async def place_call(request: web.Request) -> web.Response:
+    """An outbound call goes to the first ready worker with a free call slot: each is asked in
+    turn, and a worker's 503 (no free slot) sends the request on to the next. The body is checked
+    here (400 names the field); a 403 (target not allowed) is the same at every worker."""
+    sup = request.app[SUPERVISOR]
+    body = await read_placement(request)
+    if isinstance(body, web.Response):
+        return body
+    full = []
+    for worker in sup.workers:
+        if worker.state is not WorkerState.READY:
+            continue
+        answer = await _ask(sup, worker, "POST", "/v1/calls", body)
+        if answer is None:
+            full.append({"worker": worker.slot.name, "answer": "did not answer"})
+            continue
+        status, answer_body = answer
+        if status == 503:
+            full.append({"worker": worker.slot.name, "answer": "no free call slot"})
+            continue
+        return web.json_response(
+            {**answer_body, "worker": worker.slot.name}
+            if isinstance(answer_body, dict)
+            else answer_body,
+            status=status,
+        )
+    response = json_error(503, "no worker has a free call slot", workers=full)
+    response.headers["Retry-After"] = "5"
+    return response
+
+
 async def _forward(request: web.Request, action: str, body: object = None) -> web.Response:
     """A per-call command, sent to the worker that owns the call's session."""
     sup = request.app[SUPERVISOR]
@@ -170,6 +206,7 @@ def make_pool_app(supervisor: Supervisor) -> web.Application:
     app.router.add_get("/status", status_page, allow_head=False)
     app.router.add_get("/v1/pool", pool, allow_head=False)
     app.router.add_get("/v1/calls", list_calls, allow_head=False)
+    app.router.add_post("/v1/calls", place_call)
     app.router.add_get("/v1/calls/{call_id}", get_call, allow_head=False)
     app.router.add_post("/v1/calls/{call_id}/hangup", hangup_call)
     app.router.add_post("/v1/calls/{call_id}/transfer", transfer_call)

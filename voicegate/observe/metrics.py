@@ -19,11 +19,11 @@ from prometheus_client import (
 )
 
 from agents.base import AGENT_CALLS, RESPONSE_ENDINGS
-from session.vocabulary import Interruption, Outcome, RecoveryOutcome, Terminal
+from session.vocabulary import Interruption, LegOutcome, Outcome, RecoveryOutcome, Terminal
 
-# Transfers (voicegate/call/transfer.py): how each one ended, per mode (only blind is built), and
+# Transfers (voicegate/call/transfer.py, bridge.py): how each one ended, per mode, and
 # the class of each NOTIFY sipfrag status (or REFER refusal) it got; closed vocabularies.
-TRANSFER_MODES = ("blind",)
+TRANSFER_MODES = ("blind", "bridge", "attended")
 TRANSFER_OUTCOMES = ("completed", "refused", "failed", "timed_out", "caller_left")
 NOTIFY_CLASSES = ("1xx", "2xx", "3xx", "4xx", "5xx", "6xx")
 
@@ -298,6 +298,24 @@ class Metrics:
             ["result"],
             registry=r,
         )
+        # Outbound legs (POST /v1/calls; session.legs): how each turned out.
+        self.outbound_calls = Counter(
+            "voicegate_outbound_calls_total",
+            "Outbound calls placed, by outcome: answered, no_answer (outbound.ring_timeout_s, or "
+            "480), busy (486/600), declined (603), failed (any other answer, or no free call "
+            "slot), canceled (given up before an answer)",
+            ["outcome"],
+            registry=r,
+        )
+        self.bridged_legs = Gauge(
+            "voicegate_bridged_legs_active",
+            "Call legs in a bridged transfer that is up (two per bridge: the caller's and the "
+            "target's); each holds one of the worker's call slots",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        for leg_outcome in LegOutcome:
+            self.outbound_calls.labels(leg_outcome.value)
         for mode in TRANSFER_MODES:
             for transfer_outcome in TRANSFER_OUTCOMES:
                 self.transfers.labels(mode, transfer_outcome)

@@ -1,0 +1,79 @@
+"""Bridged transfer: voicegate calls the target itself and stays in the media path (the
+conference bridge carries the caller's audio to the target and back) until one side hangs up.
+Also the one step an attended transfer adds to a blind one: its consult leg answered.
+
+Sans-IO, the handlers :mod:`session.machine`'s table names for the bridge's events. A bridge is a
+transfer (``transfer_started`` with mode ``bridge``, or a blind one that ``transfer_fell_back``
+after its REFER was refused): the gate freezes, the response is cut, and the transfer's guard
+runs, as for a blind transfer. Then:
+
+- ``bridge_up`` (the target answered, media connected): signaling ``bridged``; the recovery ends
+  (the caller is with a person now, not waiting for us) and the guard is dropped. The gate stays
+  frozen: no turns, responses or tools while people talk.
+- ``bridge_ended``: whoever hung up, the session ends ``completed``, reason "bridged: the caller
+  hung up" or "bridged: the target hung up" (``needs_human`` at stage ``transfer`` with a tool
+  outcome still unknown, as for a blind transfer); the side still there gets our BYE.
+- the target's leg not answered in time, busy or failed: ``transfer_finished`` with ``ok`` false,
+  the blind transfer's failure path (RFC 5589 section 6.1: the caller stays with the agent and
+  hears "I could not reach a colleague").
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from session import effects as fx
+from session import ending
+from session import events as ev
+from session.deadlines import RECOVERY_TIMERS, drop
+from session.errors import IllegalTransition
+from session.recovery import finished, stale_generation
+from session.state import SessionState, Signaling
+from session.vocabulary import EndingStage, RecoveryOutcome, Terminal
+
+Result = tuple[SessionState, fx.Effects]
+
+BRIDGE_ENDERS = ("caller", "target")
+TRANSFER_MODES = ("blind", "bridge", "attended")  # what transfer_started may name
+
+
+def on_transfer_fell_back(state: SessionState, event: ev.TransferFellBack, now: float) -> Result:
+    """The REFER was refused: the transfer stays under way (same guard), now as a bridge."""
+    if why := stale_generation(state, event.generation):
+        return state, [fx.StaleEventIgnored(event.type, why)]
+    return replace(state, transfer_status=event.status), []
+
+
+def on_consult_answered(state: SessionState, event: ev.ConsultAnswered, now: float) -> Result:
+    """An attended transfer's consult leg answered: recorded, the REFER with Replaces follows
+    (RFC 5589 section 7); the transfer stays under way until its final NOTIFY."""
+    if why := stale_generation(state, event.generation):
+        return state, [fx.StaleEventIgnored(event.type, why)]
+    return state, []
+
+
+def on_bridge_up(state: SessionState, event: ev.BridgeUp, now: float) -> Result:
+    if why := stale_generation(state, event.generation):
+        return state, [fx.StaleEventIgnored(event.type, why)]
+    out: fx.Effects = []
+    recovery = state.recovery
+    assert recovery is not None  # a transfer always runs under its recovery
+    out.append(finished(recovery, RecoveryOutcome.CANCELED, now))
+    state = drop(replace(state, recovery=None), RECOVERY_TIMERS, out)
+    return replace(state, signaling=Signaling.BRIDGED, transfer_status=200), out
+
+
+def on_bridge_ended(state: SessionState, event: ev.BridgeEnded, now: float) -> Result:
+    if event.by not in BRIDGE_ENDERS:
+        raise IllegalTransition(state, event, f"by must be one of {', '.join(BRIDGE_ENDERS)}")
+    out: fx.Effects = []
+    who = "the caller" if event.by == "caller" else "the target"
+    reason = f"bridged: {who} hung up"
+    terminal, stage = Terminal.COMPLETED, None
+    if state.outstanding:
+        terminal, stage = Terminal.NEEDS_HUMAN, EndingStage.TRANSFER
+        reason = f"{reason}, {ending.unknown_outcomes(state)}"
+    # The caller is still on the line when the target left: our BYE ends the caller's leg.
+    return ending.terminate(
+        state, terminal, reason, stage, now, out, caller_present=event.by == "target"
+    ), out

@@ -1,0 +1,128 @@
+"""Outbound legs end to end (POST /v1/calls; voicegate/call/legs.py, session/legs.py): a real
+``voicegate serve`` dials real SIPp callees (``sipp-scenarios/uas-*.xml``, each header says what
+the server must do). Each test records the session's terminal state and the outcome's metric."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tests.integration.harness import LOOPBACK, Server, ServerFactory, Sipp, free_port, wait_for
+
+ENV = {"VOICEGATE_OUTBOUND_ALLOWED_TARGETS": "sip:callee@127.0.0.1:*"}
+
+
+def _callee(scenario: str, tmp_path: Path) -> tuple[Sipp, str]:
+    port = free_port()
+    sipp = Sipp(scenario, "", tmp_path, port=port).start()
+    return sipp, f"sip:callee@{LOOPBACK}:{port}"
+
+
+def _place(server: Server, target: str) -> str:
+    status, body = server.post_json("/v1/calls", {"target": target})
+    assert status == 202, body
+    assert body["placing"] is True and body["target"] == target
+    call_id: str = body["call_id"]
+    assert body["session"] == f"/v1/sessions/{call_id}"
+    return call_id
+
+
+def _ended(server: Server, call_id: str) -> dict[str, Any]:
+    def ended() -> dict[str, Any] | None:
+        status, session = server.http(f"/v1/sessions/{call_id}")
+        return session if status == 200 and session["ended"] else None
+
+    return wait_for(ended, 30, "the session to end")
+
+
+def _outcomes(server: Server) -> dict[str, float]:
+    outcomes = ("answered", "no_answer", "busy", "declined", "failed", "canceled")
+    return {o: server.metric("voicegate_outbound_calls_total", outcome=o) for o in outcomes}
+
+
+def test_an_answered_outbound_call_is_an_ordinary_session_until_the_callee_hangs_up(
+    server_factory: ServerFactory, tmp_path: Path
+) -> None:
+    server = server_factory(**ENV)
+    sipp, target = _callee("uas-answer.xml", tmp_path)
+    call_id = _place(server, target)
+    # Answered, the agent speaks to the callee like to any caller: its greeting goes out.
+    wait_for(
+        lambda: any(
+            c["call_id"] == call_id and c["state"] == "answered" and (c["frames_out"] or 0) > 10
+            for c in server.live_calls()
+        ),
+        15,
+        "the answered leg's media",
+    )
+    assert sipp.wait() == 0, sipp.errors()
+    session = _ended(server, call_id)
+    assert (session["ended"]["terminal_state"], session["ended"]["reason"]) == (
+        "completed",
+        "caller hung up",
+    )
+    types = [e["type"] for e in session["events"]]
+    assert types[:2] == ["call_placed", "call_answered"]
+    assert session["meta"]["direction"] == "outbound"
+    assert session["meta"]["callee"] == target  # no digits to mask in this URI
+    assert _outcomes(server) == {**dict.fromkeys(_outcomes(server), 0.0), "answered": 1.0}
+
+
+def test_a_busy_callee_is_the_outcome_busy(server_factory: ServerFactory, tmp_path: Path) -> None:
+    server = server_factory(**ENV)
+    sipp, target = _callee("uas-busy.xml", tmp_path)
+    call_id = _place(server, target)
+    assert sipp.wait() == 0, sipp.errors()  # the 486 was ACKed
+    session = _ended(server, call_id)
+    ended = session["ended"]
+    assert (ended["terminal_state"], ended["reason"]) == ("canceled", "busy (486 Busy Here)")
+    assert [e["type"] for e in session["events"]] == ["call_placed", "leg_unanswered"]
+    wait_for(lambda: _outcomes(server)["busy"] == 1, 5, "the busy outcome counted")
+
+
+def test_a_callee_who_never_answers_is_cancelled_at_the_ring_timeout(
+    server_factory: ServerFactory, tmp_path: Path
+) -> None:
+    server = server_factory(**ENV, VOICEGATE_OUTBOUND_RING_TIMEOUT_S="2")
+    sipp, target = _callee("uas-no-answer.xml", tmp_path)
+    call_id = _place(server, target)
+    assert sipp.wait() == 0, sipp.errors()  # CANCEL, 200, 487, ACK
+    session = _ended(server, call_id)
+    ended = session["ended"]
+    assert (ended["terminal_state"], ended["stage"], ended["reason"]) == (
+        "timed_out",
+        "ringing",
+        "no answer before the ring timeout",
+    )
+    fired = [e for e in session["events"] if e["type"] == "deadline_fired"]
+    assert [e["payload"]["name"] for e in fired] == ["ring"]
+    wait_for(lambda: _outcomes(server)["no_answer"] == 1, 5, "the no_answer outcome counted")
+
+
+def test_placements_the_worker_cannot_make_are_refused_up_front_and_change_nothing(
+    server_factory: ServerFactory, tmp_path: Path
+) -> None:
+    server = server_factory(**ENV, VOICEGATE_POOL_CALLS_PER_WORKER="1")
+    status, body = server.post_json("/v1/calls", {"target": "sip:+19005550100@premium.example"})
+    assert (status, body["field"]) == (403, "target")
+    assert body["allowed_targets"] == ["sip:callee@127.0.0.1:*"]
+    status, body = server.post_json("/v1/calls", {"target": "not a uri"})
+    assert (status, body["field"]) == (400, "target")
+    status, body = server.post_json("/v1/calls", {"target": "sip:callee@x", "extra": 1})
+    assert (status, body["field"]) == (400, "extra")
+    assert server.sessions() == []
+    # One slot: a ringing leg takes it, and the next placement is refused with a clear 503.
+    sipp, target = _callee("uas-no-answer.xml", tmp_path)
+    call_id = _place(server, target)
+    status, body = server.post_json("/v1/calls", {"target": target})
+    assert status == 503, body
+    assert body["error"].startswith("no free call slot") and body["max_calls"] == 1
+    assert [s["session_id"] for s in server.sessions()] == [call_id]
+    assert server.post(f"/v1/calls/{call_id}/hangup") == 202  # our CANCEL
+    assert sipp.wait() == 0, sipp.errors()
+    session = _ended(server, call_id)
+    assert (session["ended"]["terminal_state"], session["ended"]["reason"]) == (
+        "canceled",
+        "hung up by operator",
+    )
+    wait_for(lambda: _outcomes(server)["canceled"] == 1, 5, "the canceled outcome counted")

@@ -1,0 +1,98 @@
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from telephony.inbound_context import MAX_HEADERS, MAX_VALUE_CHARS, read_context
+
+
+def _invite(*headers: str) -> str:
+    head = [
+        "INVITE sip:service@voicegate.example SIP/2.0",
+        "Via: SIP/2.0/UDP 10.0.0.1:5070;branch=z9hG4bK1",
+        "From: <sip:centre@cc.example>;tag=1",
+        "To: <sip:service@voicegate.example>",
+        *headers,
+        "Content-Type: application/sdp",
+    ]
+    return "\r\n".join(head) + "\r\n\r\nv=0\r\nX-Not-A-Header: in the body\r\n"
+
+
+def test_a_call_centres_uui_and_x_headers_are_kept_and_nothing_else() -> None:
+    ctx = read_context(
+        _invite(
+            "User-to-User: 3031323334;encoding=hex;purpose=isdn-uui",
+            "X-Genesys-Interaction: 00AB-12",
+            "x-queue: billing",
+            "X-Queue: priority",
+            "Subject: not context",
+        )
+    )
+    assert ctx.headers == {
+        "User-to-User": "3031323334;encoding=hex;purpose=isdn-uui",
+        "X-Genesys-Interaction": "00AB-12",
+        "x-queue": "billing, priority",  # RFC 3261 7.3.1: occurrences joined, first spelling
+    }
+    assert ctx.dropped == {}
+    assert ctx.as_meta() == {"context": ctx.headers}
+
+
+def test_no_context_records_nothing() -> None:
+    assert read_context(_invite()).as_meta() == {}
+
+
+def test_folded_lines_are_unfolded() -> None:
+    ctx = read_context(_invite("X-Note: first", "  second"))
+    assert ctx.headers == {"X-Note": "first second"}
+
+
+def test_headers_that_break_a_rule_are_named_and_not_kept() -> None:
+    ctx = read_context(
+        _invite(
+            "User-to-User: not hex at all",
+            "X-Long: " + "a" * (MAX_VALUE_CHARS + 1),
+            "X-Bad_Name: v",
+            "X-Voicegate-Resume: secret-handle-value",
+            "X-Ctl: a\x7fb",
+        )
+    )
+    assert ctx.headers == {}
+    assert ctx.dropped == {
+        "User-to-User": "not hex User-to-User data with ;encoding=hex (RFC 7433 section 4.1)",
+        "X-Long": f"longer than {MAX_VALUE_CHARS} characters",
+        "X-Bad_Name": "not a header name we keep",
+        "X-Voicegate-Resume": "a resume handle is never recorded",
+        "X-Ctl": "not printable ASCII",
+    }
+    assert "secret-handle-value" not in repr(ctx.as_meta())
+
+
+def test_uui_without_encoding_hex_is_refused() -> None:
+    assert read_context(_invite("User-to-User: 3031")).headers == {}
+
+
+def test_phone_numbers_in_x_headers_are_masked_like_callers() -> None:
+    ctx = read_context(
+        _invite("X-Caller: +1 (555) 123-4567", "X-Ani-Uri: <sip:+15551234567@carrier>")
+    )
+    assert ctx.headers == {
+        "X-Caller": "+* (***) ***-*567",
+        "X-Ani-Uri": "<sip:+********567@carrier>",
+    }
+
+
+def test_at_most_max_headers_are_kept() -> None:
+    ctx = read_context(_invite(*(f"X-H{i}: {i}" for i in range(MAX_HEADERS + 3))))
+    assert len(ctx.headers) == MAX_HEADERS
+    assert list(ctx.dropped.values()) == ["too many headers"] * 3
+
+
+@given(st.lists(st.tuples(st.text(max_size=80), st.text(max_size=400)), max_size=30))
+def test_any_header_lines_give_bounded_printable_context(pairs: list[tuple[str, str]]) -> None:
+    lines = [f"X-{name}: {value}" for name, value in pairs if "\n" not in name + value]
+    ctx = read_context(_invite(*(line.replace("\r", "") for line in lines)))
+    assert len(ctx.headers) <= MAX_HEADERS
+    for name, value in ctx.headers.items():
+        assert name.startswith(("X-", "x-")) and len(name) <= 64
+        assert len(value) <= MAX_VALUE_CHARS and value.isprintable() and value.isascii()
+    assert set(ctx.headers).isdisjoint(ctx.dropped)

@@ -1,0 +1,152 @@
+"""The leg voicegate places to a transfer's target: a bridged transfer's (and the bridge's
+life), or an attended transfer's consult leg (answered: ``consult_answered``, then the REFER
+with Replaces in the caller's dialog, telephony/refer.py; it ending before that REFER fails the
+transfer, after it is the target's normal end of the consult dialog, RFC 5589 section 7.1).
+
+Asked for as ``mode = "bridge"`` (the control API, an agent's ``transfer(target, mode=...)``,
+``transfer.default_mode``), or as ``transfer.fallback = "bridge"`` when a blind transfer's REFER
+is refused. The session machine decides what each step means (session/bridge.py); this module
+places the leg once the step that asks for it is durable, and turns the leg's SIP events into
+session events:
+
+- the leg carries the same context as a REFER would (telephony.transfer.context_headers:
+  ``User-to-User``, ``X-Voicegate-Session``) as headers of its INVITE;
+- answered, the SIP thread connects both calls' audio in the conference bridge and reports
+  ``Bridged`` (telephony/bridge.py): ``bridge_up``;
+- the leg ends: before its answer (busy, no answer, failed) the transfer failed and the caller
+  goes back to the agent; after it, the bridge is over (``bridge_ended`` by the target) and the
+  caller gets our BYE. The caller's end hangs the leg up.
+
+Slots: the bridged pair holds two of the worker's call slots. A bridge is refused up front (503)
+when no slot is free for its leg, instead of failing half-way.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+from session import events as sev
+from session.state import Signaling
+from telephony import events as ev
+from telephony.sip_message import mask_uri
+from telephony.transfer import context_headers
+from voicegate.call.acting import SessionSteps
+from voicegate.call.call_state import CallState
+from voicegate.call.services import CallServices
+
+log = logging.getLogger("voicegate.call")
+
+BRIDGE = "bridge"
+ATTENDED = "attended"
+
+
+class CallBridge:
+    def __init__(self, state: CallState, services: CallServices, steps: SessionSteps) -> None:
+        self._state = state
+        self._services = services
+        self._steps = steps
+        self.leg_id: str | None = None  # the leg to the target, until it has ended
+        self.up = False
+        self._counted = False  # the transfer's outcome went into the metric
+        self.consult = False  # the leg is an attended transfer's consult leg, not a bridge's
+        self._refer_sent = False  # (attended) the REFER with Replaces went out
+
+    def has_slot(self) -> bool:
+        """Whether the worker has a free call slot for the bridge's leg (the pair holds two)."""
+        return self._services.free_slots() >= 1
+
+    def owns(self, call_id: str) -> bool:
+        return self.leg_id is not None and call_id == self.leg_id
+
+    def place(self, target: str, *, consult: bool = False) -> None:
+        """Dial the target (the session's step asking for it is durable): a bridge's leg, or an
+        attended transfer's consult leg. Either carries the context headers on its INVITE."""
+        call_id = self._state.call_id
+        leg_id = self.leg_id = uuid.uuid4().hex
+        self.up = self._counted = self._refer_sent = False
+        self.consult = consult
+        self._services.adopt_leg(leg_id, call_id)
+        log.info(
+            "transfer.consult_dialing" if consult else "transfer.bridge_dialing",
+            extra={"call_id": call_id, "leg_id": leg_id, "target": mask_uri(target)},
+        )
+        headers = context_headers(call_id)
+        if consult:
+            self._services.submit(ev.Dial(leg_id, target, headers, consult=True))
+        else:
+            self._services.submit(ev.Dial(leg_id, target, headers, bridge_to=call_id))
+
+    def on_leg_event(self, event: object) -> None:
+        """A SIP event of the leg (its answer, the bridge, its end); the rest is not ours."""
+        state = self._state.session_state
+        if state is None:
+            return
+        match event:
+            case ev.CallAnswered() if self.consult:
+                recovery = state.recovery
+                if state.signaling is not Signaling.TRANSFERRING or recovery is None:
+                    return
+                if self._steps.try_apply(sev.ConsultAnswered(recovery.generation)):
+                    self._steps.after_durable(self._send_replaces)
+            case ev.Bridged():
+                recovery = state.recovery
+                if state.signaling is not Signaling.TRANSFERRING or recovery is None:
+                    return
+                if self._steps.try_apply(sev.BridgeUp(recovery.generation)):
+                    self.up = True
+                    self._services.metrics.bridged_legs.inc(2)
+                    log.info("transfer.bridged", extra={"call_id": self._state.call_id})
+            case ev.CallEnded(status=status):
+                self.leg_id = None
+                log.info(
+                    "transfer.bridge_leg_ended",
+                    extra={"call_id": self._state.call_id, "status": status, "bridged": self.up},
+                )
+                if self.up:
+                    self._bridge_over()
+                    if state.signaling is Signaling.BRIDGED:
+                        self._steps.try_apply(sev.BridgeEnded("target"))
+                elif self._refer_sent:
+                    # RFC 5589 section 7.1: the target ends the consult dialog once the caller's
+                    # INVITE with Replaces took its place; the REFER's NOTIFYs tell the outcome.
+                    pass
+                elif state.signaling is Signaling.TRANSFERRING and state.recovery is not None:
+                    # Not answered: busy, no answer, failed, or no free slot after all.
+                    generation = state.recovery.generation
+                    if self._steps.try_apply(
+                        sev.TransferFinished(generation, ok=False, status=status)
+                    ):
+                        self._count("refused" if status == 503 else "failed")
+            case _:
+                pass
+
+    def _send_replaces(self) -> None:
+        if self.leg_id is None:
+            return  # the consult leg ended in between: its end failed the transfer
+        self._refer_sent = True
+        self._services.submit(ev.TransferReplaces(self._state.call_id, self.leg_id))
+
+    def give_up(self) -> None:
+        """The transfer is over without the bridge (its guard fired, the consult or its REFER
+        failed): hang up the leg, or CANCEL it while it rings."""
+        if self.leg_id is not None and not self.up:
+            self._services.submit(ev.Hangup(self.leg_id, status=487))
+
+    def release(self) -> None:
+        """The caller's call is ending: the leg is hung up too (whoever is still on it)."""
+        if self.up:
+            self._bridge_over()
+        if self.leg_id is not None:
+            self._services.submit(ev.Hangup(self.leg_id))
+
+    def _bridge_over(self) -> None:
+        self.up = False
+        self._services.metrics.bridged_legs.dec(2)
+        self._count("completed")
+
+    def _count(self, outcome: str) -> None:
+        if not self._counted:
+            self._counted = True
+            mode = ATTENDED if self.consult else BRIDGE
+            self._services.metrics.transfers.labels(mode, outcome).inc()
