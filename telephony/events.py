@@ -39,6 +39,7 @@ class CallOffered:
     local_uri: str
     called_user: str
     transport: str
+    tenant: str = "default"
 
 
 @dataclass(frozen=True, slots=True)

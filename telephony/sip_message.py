@@ -30,6 +30,20 @@ def request_user(whole_msg: str) -> str:
     return match.group(1) if match.group(1) is not None else match.group(2)
 
 
+_SOURCE_HEADER = re.compile(r"^x-voicegate-source\s*:\s*(\S+)\s*$", re.IGNORECASE | re.MULTILINE)
+
+
+def source_address(src_address: str, whole_msg: str, *, trust_header: bool) -> str:
+    """The IP address an INVITE came from: pjsua2's ``rdata.srcAddress`` ("ip:port",
+    "[v6]:port"), or, behind our own front door (``trust_header``), the address Kamailio put in
+    X-Voicegate-Source. Empty if neither gives one."""
+    if trust_header:
+        match = _SOURCE_HEADER.search(whole_msg)
+        return match.group(1) if match else ""
+    host, _, _port = src_address.rpartition(":")
+    return host.strip("[]")
+
+
 def via_transport(whole_msg: str) -> str:
     """The transport of the top Via header, lower-cased (``udp``, ``tcp``, ...)."""
     match = _VIA.search(whole_msg)

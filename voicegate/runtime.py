@@ -21,12 +21,15 @@ from numpy.typing import NDArray
 
 from agents.base import AgentFactory
 from agents.demo import DemoAgent
-from agents.loading import load_factory
+from agents.loading import AgentLoadError, load_factory
 from agents.remote.adapter import RemoteAgentFactory, remote_settings
 from audio.barge_in import BargeInConfig
 from audio.prompts import PromptLibrary, default_prompts_dir
 from audio.vad import VadConfig
 from config import Settings
+from config.settings import TransferSettings
+from config.tenant_loader import tenants_of
+from config.tenants import DEFAULT_TENANT
 from config.tools import ToolSettings
 from session import effects as fx
 from session.reaper import reap_predecessors, reap_stale
@@ -60,6 +63,14 @@ LOOP_BLOCKED_S = 0.25
 
 def endpoint_config(settings: Settings) -> EndpointConfig:
     sip, media = settings.sip, settings.media
+    tenants = tenants_of(settings)
+
+    def follow_refer(tenant: str, target: str) -> bool:
+        # Inbound REFER is policy (toll fraud): followed only when the call's tenant allows it
+        # and its target.
+        t = tenants.get(tenant)
+        return t is not None and t.transfer.accept_inbound_refer and t.transfer.allows(target)
+
     return EndpointConfig(
         sip_address=sip.address,
         sip_port=sip.port,
@@ -81,9 +92,30 @@ def endpoint_config(settings: Settings) -> EndpointConfig:
         ack_timeout_s=sip.ack_timeout_s,
         playout_max_ms=round(settings.audio.playout_max_s * 1000),
         resample_quality=media.resample_quality,
-        # Inbound REFER is policy (toll fraud): followed only when allowed and the target is.
-        follow_refer=settings.transfer.allows if settings.transfer.accept_inbound_refer else None,
+        follow_refer=follow_refer
+        if any(t.transfer.accept_inbound_refer for t in tenants)
+        else None,
+        route=tenants.route,
+        # A pooled worker hears only its front door, which names the caller's source address.
+        trusted_source_header=settings.pool.workers > 1 and settings.pool.front_door,
     )
+
+
+def agent_factories(
+    settings: Settings, metrics: Metrics | None = None
+) -> dict[str, AgentFactory]:
+    """Each tenant's agent factory; raises AgentLoadError naming the key if one is unusable."""
+    factories = {}
+    for tenant in tenants_of(settings):
+        try:
+            factories[tenant.name] = agent_factory(
+                dataclasses.replace(settings, agent=tenant.agent), metrics
+            )
+        except AgentLoadError as exc:
+            if tenant.name == DEFAULT_TENANT and not settings.tenants:
+                raise
+            raise AgentLoadError(f"[tenants.{tenant.name}.agent]: {exc}") from exc
+    return factories
 
 
 def agent_factory(settings: Settings, metrics: Metrics | None = None) -> AgentFactory:
@@ -123,7 +155,8 @@ class Runtime:
         self.owner = OwnerId(settings.session.worker_name, uuid.uuid4().hex[:12]).format()
         prompts_dir = settings.agent.prompts_dir or default_prompts_dir()
         self._prompts = PromptLibrary(Path(prompts_dir))
-        self._agent_factory = agent_factory(settings, self.metrics)
+        self.tenants = tenants_of(settings)
+        self._agent_factories = agent_factories(settings, self.metrics)
         self.answer_after_s = settings.sip.answer_after_s
         # A crash window after a write is after it is durable: flush the writer first.
         self.faults = Faults(settings.faults.crash_at, before_crash=self.writer.flush)
@@ -137,7 +170,6 @@ class Runtime:
                 self.metrics.tool_calls.labels(name, outcome)
             for bad in BadAnswer:
                 self.metrics.tool_bad_answers.labels(name, bad)
-        self.transfer_settings = settings.transfer
         self.reconcile_timeout_s = settings.session.reconcile_timeout_s
         self.status_attempts = settings.session.status_attempts
         self._http: aiohttp.ClientSession | None = None
@@ -174,14 +206,17 @@ class Runtime:
         )
         return a.agent_rate, vad, barge
 
-    def policy(self) -> dict[str, float]:
+    def transfer_for(self, tenant: str) -> TransferSettings:
+        return self.tenants[tenant].transfer
+
+    def policy(self, tenant: str) -> dict[str, float]:
         s = self.settings.session
         policy = Policy(
             recovery_timeout_s=s.recovery_timeout_s,
             max_duration_s=s.max_duration_s,
             no_input_s=s.no_input_s,
             no_input_grace_s=s.no_input_grace_s,
-            transfer_timeout_s=self.settings.transfer.notify_timeout_s,
+            transfer_timeout_s=self.transfer_for(tenant).notify_timeout_s,
         )
         return dataclasses.asdict(policy)
 
@@ -366,7 +401,7 @@ class Runtime:
                     call.deliver(event)
 
     def _start_call(self, offer: ev.CallOffered) -> None:
-        call = LiveCall(offer, self, self._agent_factory, self._clock)
+        call = LiveCall(offer, self, self._agent_factories[offer.tenant], self._clock)
         self.calls[call.call_id] = call
         self._arm_ticker()
         task = asyncio.create_task(self._run_call(call), name=f"call-{call.call_id[:8]}")

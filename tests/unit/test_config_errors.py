@@ -13,7 +13,8 @@ import pytest
 from config import ConfigError, load_settings
 
 SECTIONS = (
-    "sip, media, audio, http, storage, session, pool, agent, transfer, log, faults, tools.<name>"
+    "sip, media, audio, http, storage, session, pool, agent, transfer, log, faults, tools.<name>, "
+    "tenants.<name>"
 )
 
 

@@ -18,6 +18,7 @@ from numpy.typing import NDArray
 from agents.base import Agent, CallContext, CallControl
 from audio.barge_in import BargeInConfig
 from audio.vad import VadConfig
+from config.settings import TransferSettings
 from config.tools import ToolSettings
 from session import effects as fx
 from session import events as sev
@@ -207,8 +208,11 @@ class _Services:
     def prompt(self, name: str, rate: int) -> NDArray[np.int16]:
         return np.zeros(rate // 50, dtype=np.int16)
 
-    def policy(self) -> dict[str, float]:
+    def policy(self, tenant: str) -> dict[str, float]:
         return {}
+
+    def transfer_for(self, tenant: str) -> TransferSettings:
+        return TransferSettings()
 
     def audio_settings(self) -> tuple[int, VadConfig, BargeInConfig]:
         return 16000, VadConfig(), BargeInConfig()

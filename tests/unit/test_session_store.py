@@ -277,6 +277,27 @@ def test_list_pages_visit_every_session_once_newest_first(store: SessionStore, l
     assert 1 <= len(pages[-1]) <= limit
 
 
+def test_a_session_keeps_its_tenant_and_lists_by_it(store: SessionStore) -> None:
+    store.create("a1", owner=OWNER, meta={}, at=1.0, tenant="acme")
+    store.create("b1", owner=OWNER, meta={}, at=2.0, tenant="beta")
+    store.create("a2", owner=OWNER, meta={}, at=3.0, tenant="acme")
+    store.create("d1", owner=OWNER, meta={}, at=4.0)
+    assert [(store.get(s) or pytest.fail()).tenant for s in ("a1", "b1", "d1")] == [
+        "acme",
+        "beta",
+        "default",
+    ]
+    assert [s.session_id for s in store.list(tenant="acme")[0]] == ["a2", "a1"]
+    assert [s.session_id for s in store.list(tenant="nobody")[0]] == []
+    # Pages of one tenant never reach into another's.
+    first, cursor = store.list(tenant="acme", limit=1)
+    assert [s.session_id for s in first] == ["a2"] and cursor is not None
+    assert [s.session_id for s in store.list(tenant="acme", limit=1, cursor=cursor)[0]] == ["a1"]
+    # A take-over moves the owner, never the tenant.
+    store.take_over("b1", owner="worker-b/1", at=5.0)
+    assert (store.get("b1") or pytest.fail()).tenant == "beta"
+
+
 def test_list_filters_page_too(store: SessionStore) -> None:
     newest_first = _populate(store, 25)
     by_id = {sid: store.get(sid) for sid in newest_first}
@@ -803,10 +824,11 @@ def test_sqlite_migrates_a_version_1_file_in_place(tmp_path: Path) -> None:
     )
     done = store.get("done")
     assert done is not None
-    assert (done.lease_epoch, done.terminal_state, done.meta) == (
+    assert (done.lease_epoch, done.terminal_state, done.meta, done.tenant) == (
         1,
         "completed",
         {"caller": "***4567"},
+        "default",  # sessions from before tenants are the default tenant's
     )
     assert store.events("open") == [EventRecord("open", 1, "note", {"n": 1}, [], 2.0)]
     # The owner of a v1 session holds epoch 1 and goes on writing until someone takes it over.

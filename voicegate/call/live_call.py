@@ -71,7 +71,7 @@ class LiveCall:
         self._agent_factory = agent_factory
         self._clock = clock
         self.events: asyncio.Queue[object] = asyncio.Queue()
-        self._state = state = CallState(self.call_id)
+        self._state = state = CallState(self.call_id, offer.tenant)
         self.started_at = clock.now()
         self.answered_at: float | None = None
         self.codec = ""
@@ -129,6 +129,10 @@ class LiveCall:
         )
 
     @property
+    def tenant(self) -> str:
+        return self.offer.tenant
+
+    @property
     def phase(self) -> CallPhase:
         return self._state.phase
 
@@ -159,6 +163,7 @@ class LiveCall:
             "session_status": self.session.state.status() if self.session else None,
             "caller": mask_uri(self.offer.remote_uri),
             "called_user": self.offer.called_user,
+            "tenant": self.offer.tenant,
             "transport": self.offer.transport,
             "codec": self.codec,
             "codec_rate": self.codec_rate,
@@ -244,13 +249,16 @@ class LiveCall:
             "transport": self.offer.transport,
             "sip_call_id": self.offer.sip_call_id,
         }
+        tenant = self.offer.tenant
         offered = sev.CallOffered(
-            caller=meta["caller"], called_user=self.offer.called_user, policy=services.policy()
+            caller=meta["caller"],
+            called_user=self.offer.called_user,
+            policy=services.policy(tenant),
         )
         call_id, owner, at = self.call_id, services.owner, self.started_at
         lease = await asyncio.wrap_future(
             services.writer.submit(
-                lambda store: store.create(call_id, owner=owner, meta=meta, at=at)
+                lambda store: store.create(call_id, owner=owner, meta=meta, at=at, tenant=tenant)
             )
         )
         self._state.session = DurableSession(services.store, SessionState(call_id), lease)
@@ -401,6 +409,7 @@ class LiveCall:
             caller=mask_uri(self.offer.remote_uri),
             codec=self.codec,
             rate=channel.rate,
+            tenant=self.offer.tenant,
         )
         agent = self._state.agent = make_agent(self._agent_factory, context, self.control)
         self._turns.agent_takes_audio = takes_audio(agent.inner)

@@ -73,7 +73,7 @@ class CallTransfer:
 
     @property
     def settings(self) -> TransferSettings:
-        return self._services.transfer_settings
+        return self._services.transfer_for(self._state.tenant)
 
     # --- requests --------------------------------------------------------------------------------
 

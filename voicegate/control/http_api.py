@@ -13,6 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from config.rules import Invalid, sip_uri
 from config.settings import TRANSFER_MODES
+from config.tenants import DEFAULT_TENANT
 from session.durable import DurableSession
 from session.state import TERMINAL_STATES
 from session.store import SessionStore, SessionSummary
@@ -132,6 +133,8 @@ async def transfer_call(request: web.Request) -> web.Response:
     if isinstance(body, web.Response):
         return body
     refused = runtime.transfer(call_id, body["target"], body.get("mode"))
+    live = runtime.calls.get(call_id)
+    transfer = runtime.transfer_for(live.tenant if live is not None else DEFAULT_TENANT)
     if refused is not None:
         return json_error(
             refused.status,
@@ -139,7 +142,7 @@ async def transfer_call(request: web.Request) -> web.Response:
             field=refused.field,
             call_id=call_id,
             **(
-                {"allowed_targets": list(runtime.transfer_settings.allowed_targets)}
+                {"allowed_targets": list(transfer.allowed_targets)}
                 if refused.status == 403
                 else {}
             ),
@@ -149,7 +152,7 @@ async def transfer_call(request: web.Request) -> web.Response:
             "call_id": call_id,
             "transferring": True,
             "target": body["target"],
-            "mode": body.get("mode", runtime.transfer_settings.default_mode),
+            "mode": body.get("mode", transfer.default_mode),
             "session": f"/v1/sessions/{call_id}",
         },
         status=202,
@@ -159,6 +162,7 @@ async def transfer_call(request: web.Request) -> web.Response:
 def _summary_json(summary: SessionSummary) -> dict[str, object]:
     return {
         "session_id": summary.session_id,
+        "tenant": summary.tenant,
         "created_at": summary.created_at,
         "updated_at": summary.updated_at,
         "owner": summary.owner,
