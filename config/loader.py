@@ -19,7 +19,7 @@ from config.errors import ConfigError
 from config.rules import Invalid
 from config.schema import BY_DOTTED, BY_ENV, ENV_PREFIX, KEYS, SECTIONS, from_env, from_toml
 from config.settings import CrossProblem, Settings, cross_check
-from config.tenant_loader import load_tenants
+from config.tenant_loader import load_tenants, open_api_problems
 from config.tools import TOOL_ENV_PREFIX, load_tools
 
 CONFIG_ENV = "VOICEGATE_CONFIG"
@@ -84,7 +84,10 @@ def load_settings(
     tenants, tenant_problems = load_tenants(tenants_table, tenants_src, settings)
     if tenant_problems:
         raise ConfigError(*tenant_problems)
-    return dataclasses.replace(settings, tenants=tenants)
+    settings = dataclasses.replace(settings, tenants=tenants)
+    if problems := open_api_problems(settings):
+        raise ConfigError(*problems)
+    return settings
 
 
 def _apply_file(

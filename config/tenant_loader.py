@@ -21,6 +21,7 @@ Tenants are declared in the file only; there are no ``VOICEGATE_TENANT_*`` varia
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import re
 from typing import Any
 
@@ -45,6 +46,18 @@ def tenants_of(s: Settings) -> Tenants:
     """The tenants a process serves: the declared ones, or the one made of ``s``'s top level
     (computed here, not stored, so a ``dataclasses.replace`` of ``[agent]`` is seen)."""
     return Tenants(s.tenants or (default_tenant(s),))
+
+
+def open_api_problems(s: Settings) -> list[str]:
+    """An API without any key answers anyone who reaches it: allowed on loopback only."""
+    if ipaddress.ip_address(s.http.address).is_loopback or tenants_of(s).keys_configured:
+        return []
+    where = "http.api_keys" if not s.tenants else "tenants.<name>.api_keys"
+    return [
+        f"http.address = {s.http.address!r}: the control API would answer anyone who reaches "
+        f"it, with no key configured: set {where} to SHA-256 digests of API keys (printf %s KEY "
+        "| sha256sum), or bind http.address to 127.0.0.1"
+    ]
 
 
 def load_tenants(

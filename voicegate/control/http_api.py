@@ -17,6 +17,7 @@ from config.tenants import DEFAULT_TENANT
 from session.durable import DurableSession
 from session.state import TERMINAL_STATES
 from session.store import SessionStore, SessionSummary
+from voicegate.control.auth import ACCESS, Access, authenticate, foreign, scope
 from voicegate.control.handoff import handoff
 from voicegate.control.http_rules import json_error, json_object, new_app
 from voicegate.control.status_page import status_page
@@ -71,7 +72,9 @@ def prometheus_response(payload: bytes) -> web.Response:
 
 async def list_calls(request: web.Request) -> web.Response:
     runtime = request.app[RUNTIME]
-    return web.json_response({"calls": runtime.live_calls()})
+    tenant = scope(request)
+    calls = [c for c in runtime.live_calls() if tenant is None or c["tenant"] == tenant]
+    return web.json_response({"calls": calls})
 
 
 async def get_call(request: web.Request) -> web.Response:
@@ -81,6 +84,9 @@ async def get_call(request: web.Request) -> web.Response:
     summary = runtime.store.get(call_id)
     if live is None and summary is None:
         return json_error(404, "no such call", call_id=call_id)
+    owner = live.tenant if live is not None else summary.tenant if summary else DEFAULT_TENANT
+    if refusal := foreign(request, owner, call_id=call_id):
+        return refusal
     return web.json_response(
         {
             "call_id": call_id,
@@ -94,6 +100,9 @@ async def hangup_call(request: web.Request) -> web.Response:
     """An operator ends a live call: the caller gets a BYE, the session ends ``canceled``."""
     runtime = request.app[RUNTIME]
     call_id = request.match_info["call_id"]
+    live = runtime.calls.get(call_id)
+    if live is not None and (refusal := foreign(request, live.tenant, call_id=call_id)):
+        return refusal
     if not runtime.hang_up(call_id, "hung up by operator"):
         return json_error(404, "no such live call here", call_id=call_id)
     return web.json_response({"call_id": call_id, "hanging_up": True}, status=202)
@@ -129,11 +138,13 @@ async def transfer_call(request: web.Request) -> web.Response:
     outcome is the session's (``/v1/sessions/{id}``)."""
     runtime = request.app[RUNTIME]
     call_id = request.match_info["call_id"]
+    live = runtime.calls.get(call_id)
+    if live is not None and (refusal := foreign(request, live.tenant, call_id=call_id)):
+        return refusal
     body = await read_transfer(request)
     if isinstance(body, web.Response):
         return body
     refused = runtime.transfer(call_id, body["target"], body.get("mode"))
-    live = runtime.calls.get(call_id)
     transfer = runtime.transfer_for(live.tenant if live is not None else DEFAULT_TENANT)
     if refused is not None:
         return json_error(
@@ -222,6 +233,7 @@ async def list_sessions(request: web.Request) -> web.Response:
             open_only=open_only,
             limit=int(raw_limit),
             cursor=query.get("cursor"),
+            tenant=scope(request),
         )
     except ValueError:
         return json_error(
@@ -243,6 +255,8 @@ async def get_session(request: web.Request) -> web.Response:
     summary = view.store.get(session_id)
     if summary is None:
         return json_error(404, "no such session", session_id=session_id)
+    if refusal := foreign(request, summary.tenant, session_id=session_id):
+        return refusal
     if summary.terminal_state is None:
         await view.reap()  # seed 004: a dead process's session is finalised when it is read
     session = DurableSession.load(view.store, session_id)
@@ -316,8 +330,11 @@ async def get_handoff(request: web.Request) -> web.Response:
     """What a person taking the call over needs (voicegate/control/handoff.py)."""
     view = request.app[SESSIONS]
     session_id = request.match_info["session_id"]
-    if view.store.get(session_id) is None:
+    summary = view.store.get(session_id)
+    if summary is None:
         return json_error(404, "no such session", session_id=session_id)
+    if refusal := foreign(request, summary.tenant, session_id=session_id):
+        return refusal
     body = handoff(view.store, session_id, live=view.is_live(session_id))
     if body is None:
         return json_error(404, "no such session", session_id=session_id)
@@ -326,7 +343,10 @@ async def get_handoff(request: web.Request) -> web.Response:
 
 def make_app(runtime: Runtime) -> web.Application:
     """One process's control plane (docs/openapi.yaml; the rules of http_rules.py)."""
-    app = new_app()
+    app = new_app(authenticate)
+    app[ACCESS] = Access(
+        runtime.tenants, runtime.settings.http.metrics_keys, runtime.metrics.api_refused
+    )
     app[RUNTIME] = runtime
     # No HEAD twins (aiohttp adds one to each GET by default): the API is what the document
     # says, and a method it does not list gets a JSON 405.

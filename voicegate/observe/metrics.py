@@ -21,6 +21,8 @@ from prometheus_client import (
 from agents.base import AGENT_CALLS, RESPONSE_ENDINGS
 from session.vocabulary import Interruption, Outcome, RecoveryOutcome, Terminal
 
+# Why the control API refused a request (voicegate/control/auth.py); a closed vocabulary.
+API_REFUSAL_REASONS = ("missing_key", "wrong_key", "other_tenant", "metrics_off")
 # Transfers (voicegate/call/transfer.py): how each one ended, per mode (only blind is built), and
 # the class of each NOTIFY sipfrag status (or REFER refusal) it got; closed vocabularies.
 TRANSFER_MODES = ("blind",)
@@ -298,6 +300,15 @@ class Metrics:
             ["result"],
             registry=r,
         )
+        self.api_refused = Counter(
+            "voicegate_api_requests_refused_total",
+            "Control API requests refused before their handler: missing_key, wrong_key (401), "
+            "other_tenant, metrics_off (403)",
+            ["reason"],
+            registry=r,
+        )
+        for reason in API_REFUSAL_REASONS:
+            self.api_refused.labels(reason)
         for mode in TRANSFER_MODES:
             for transfer_outcome in TRANSFER_OUTCOMES:
                 self.transfers.labels(mode, transfer_outcome)

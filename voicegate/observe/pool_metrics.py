@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollecto
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from voicegate.observe.metrics import API_REFUSAL_REASONS
 from voicegate.pool.kamailio_config import (
     STAT_BAD_OFFER,
     STAT_FAILOVERS,
@@ -53,6 +54,15 @@ class PoolMetrics:
             "process); workers count their own in voicegate_sessions_reaped_total",
             registry=r,
         )
+        self.api_refused = Counter(
+            "voicegate_pool_api_requests_refused_total",
+            "Requests the supervisor's API refused (the reasons of "
+            "voicegate_api_requests_refused_total, which counts the workers' own)",
+            ["reason"],
+            registry=r,
+        )
+        for reason in API_REFUSAL_REASONS:
+            self.api_refused.labels(reason)
         self.front_door_up = Gauge(
             "voicegate_front_door_up", "1 while Kamailio, the pool's front door, runs", registry=r
         )
