@@ -434,6 +434,14 @@ class SessionSettings:
         default=3600.0,
         metadata=key(float_range(0, 86400), "Longest call in seconds; 0 means no limit"),
     )
+    resume_ttl_s: float = field(
+        default=600.0,
+        metadata=key(
+            float_range(30, 86400),
+            "How long a resume handle stays valid (one is issued when a session starts, on each "
+            "transfer, and to the tenant's API); each is used once (docs/tenants.md)",
+        ),
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,6 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
+from session.resume import ResumeRecord
 from session.vocabulary import IntentKind, Outcome, Terminal
 
 # Seed 000: every session ends in exactly one of these. Kept here, not imported from the state
@@ -365,6 +366,27 @@ class SessionStore(Protocol):
 
     def outstanding_intents(self, session_id: str) -> builtins.list[ToolIntent]:
         """Intents without a definitive receipt (none, or ``unknown``), oldest first."""
+        ...
+
+    # Resume handles (session/resume.py): records only, never a handle's verifier.
+
+    def record_handle(self, record: ResumeRecord) -> None:
+        """Keep ``record`` (state ``current``) as its session's live handle; the session's
+        previous current handle, if any, becomes ``superseded`` in the same transaction.
+
+        Raises UnknownSession, SessionFinished (an ended session is not resumed), or StoreError
+        for a selector already stored."""
+        ...
+
+    def resume_handle(self, selector: str) -> ResumeRecord | None:
+        """The record of ``selector``, whatever its state, or None."""
+        ...
+
+    def use_handle(self, selector: str, successor: ResumeRecord) -> bool:
+        """Rotate: if ``selector`` is its session's current handle, make it ``used`` and
+        ``successor`` (same session and tenant) current, atomically; True. False if it was not
+        current (used or superseded meanwhile, by a racing use: the caller reports a reuse).
+        Nothing is written on False."""
         ...
 
     def close(self) -> None: ...

@@ -43,6 +43,8 @@ from session.store import (
     decode_cursor,
     encode_cursor,
 )
+from session.store.sqlite_resume import SCHEMA as RESUME_SCHEMA
+from session.store.sqlite_resume import ResumeHandlesSql
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -95,6 +97,7 @@ _SCHEMA: Final = (
         outcome         TEXT NOT NULL CHECK (outcome IN {RECEIPT_OUTCOMES!r}),
         detail          TEXT NOT NULL,
         at              REAL NOT NULL)""",
+    *RESUME_SCHEMA,
 )
 
 # Version N -> N + 1. A new file gets _SCHEMA at once; its columns are in the order a migrated file
@@ -109,6 +112,7 @@ _MIGRATIONS: Final[Mapping[int, tuple[str, ...]]] = {
     2: (
         "ALTER TABLE sessions ADD COLUMN tenant TEXT NOT NULL DEFAULT 'default'",
         "CREATE INDEX sessions_tenant ON sessions (tenant, created_at DESC, session_id DESC)",
+        *RESUME_SCHEMA,
     ),
 }
 
@@ -150,7 +154,7 @@ def _record(cls: type[R], row: Sequence[Any]) -> R:
     return cls(**{k: json.loads(v) if k in _JSON_FIELDS else v for k, v in values})
 
 
-class SqliteSessionStore:
+class SqliteSessionStore(ResumeHandlesSql):
     """``SessionStore`` on one SQLite file. One connection, used from the thread that opened it."""
 
     def __init__(self, path: Path) -> None:
