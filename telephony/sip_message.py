@@ -77,9 +77,14 @@ _ANY_USER = re.compile(r"((?:sips?|tel):)([^@;>\s]*)")
 _DISPLAY = re.compile(r'"([^"]*)"\s*<')
 
 
+_RESUME_HANDLE = re.compile(r"vgr1\.[0-9a-f]{16}\.[A-Za-z0-9_-]{43}")
+
+
 def mask_text(text: str, keep: int = 3) -> str:
     """``text`` with every SIP/tel URI's user part and every quoted display name masked as
-    :func:`mask_uri` does: for text that may quote whole SIP messages (PJSIP's own log lines)."""
+    :func:`mask_uri` does, and every resume handle replaced: for text that may quote whole SIP
+    messages (PJSIP's own log lines; a REFER carries X-Voicegate-Resume)."""
+    text = _RESUME_HANDLE.sub("vgr1.<redacted>", text)
     text = _ANY_USER.sub(lambda m: m.group(1) + _mask_digits(m.group(2), keep), text)
     return _DISPLAY.sub(lambda m: '"' + _mask_digits(m.group(1), keep) + '" <', text)
 

@@ -33,6 +33,7 @@ from config.tenants import DEFAULT_TENANT
 from config.tools import ToolSettings
 from session import effects as fx
 from session.reaper import reap_predecessors, reap_stale
+from session.resume import ResumeRecord
 from session.state import Policy
 from session.store import SessionStore
 from session.store.sqlite import SqliteSessionStore
@@ -158,6 +159,7 @@ class Runtime:
         self.tenants = tenants_of(settings)
         self._agent_factories = agent_factories(settings, self.metrics)
         self.answer_after_s = settings.sip.answer_after_s
+        self.resume_ttl_s = settings.session.resume_ttl_s
         # A crash window after a write is after it is durable: flush the writer first.
         self.faults = Faults(settings.faults.crash_at, before_crash=self.writer.flush)
         self.tools: Mapping[str, ToolSettings] = {tool.name: tool for tool in settings.tools}
@@ -242,6 +244,10 @@ class Runtime:
                     m.stale_events.labels(event_type).inc()
                 case _:
                     pass
+
+    async def record_resume(self, record: ResumeRecord) -> None:
+        await asyncio.wrap_future(self.writer.submit(lambda store: store.record_handle(record)))
+        self.metrics.resume_issued.labels("api").inc()
 
     async def reap(self, *, now: float | None = None) -> list[str]:
         """Finalise sessions whose process stopped (seed 004's reaper); safe to call any time.

@@ -6,11 +6,13 @@ same rules; and an API bound beyond loopback with no key refuses to start (exit 
 from __future__ import annotations
 
 import hashlib
+import json
 import subprocess
 import sys
 import urllib.request
 from pathlib import Path
 
+from session.store.sqlite import SqliteSessionStore
 from tests.integration.harness import LOOPBACK, ROOT, Server, ServerFactory, Sipp, wait_for
 from tests.integration.test_pool import pool_env
 from tests.secret_audit import AUDIT
@@ -148,3 +150,64 @@ def body_port(pool: Server) -> str:
     status, body = pool.http("/v1/pool", key=ACME_KEY)
     assert status == 200
     return str(body["workers"][0]["control"]).rsplit(":", 1)[1]
+
+
+def post_for(server: Server, path: str, key: str) -> tuple[int, dict[str, object]]:
+    request = urllib.request.Request(
+        f"http://{LOOPBACK}:{server.http_port}{path}",
+        data=b"",
+        method="POST",
+        headers={"Authorization": f"Bearer {key}"} if key else {},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            body = json.loads(response.read())
+            status = int(response.status)
+    except urllib.error.HTTPError as exc:
+        text = exc.read().decode()
+        AUDIT.record(f"POST {path} -> {exc.code}", text)
+        return int(exc.code), json.loads(text)
+    AUDIT.learn(body, f"POST {path}")  # registers the handle: no log may hold it
+    return status, body
+
+
+def test_a_tenant_gets_a_new_resume_handle_for_its_own_open_session_only(
+    server_factory: ServerFactory, tmp_path: Path
+) -> None:
+    server = server_factory(VOICEGATE_CONFIG=tenants_config(tmp_path), PYTHONPATH=str(ROOT))
+    sipp = Sipp("uac-wait-for-bye.xml", server.sip_target, tmp_path, extra=("-s", "100")).start()
+    try:
+        calls = wait_for(
+            lambda: server.http("/v1/calls", key=ACME_KEY)[1]["calls"] or None, 10, "the call"
+        )
+        call_id = calls[0]["call_id"]
+        path = f"/v1/sessions/{call_id}/resume"
+        assert post_for(server, path, "")[0] == 401
+        status, body = post_for(server, path, BETA_KEY)
+        assert (status, body["reason"]) == (403, "other_tenant")
+        assert "resume_handle" not in body
+        first = post_for(server, path, ACME_KEY)
+        second = post_for(server, path, ACME_KEY)
+        assert first[0] == second[0] == 201, (first, second)
+        texts = [str(first[1]["resume_handle"]), str(second[1]["resume_handle"])]
+        assert texts[0] != texts[1]
+        # Stored as digests; the newer supersedes the older (and the one issued at the start).
+        store = SqliteSessionStore(server.data_dir / "voicegate.sqlite3")
+        try:
+            records = [store.resume_handle(t.split(".")[1]) for t in texts]
+        finally:
+            store.close()
+        assert [r.state if r else None for r in records] == ["superseded", "current"]
+        verifier = texts[1].split(".")[2]
+        assert records[1] is not None
+        assert records[1].verifier_digest == hashlib.sha256(verifier.encode()).hexdigest()
+        assert all(verifier not in line for line in server.log().splitlines())
+        assert server.metric("voicegate_resume_handles_issued_total", reason="api") == 2
+        assert server.post(f"/v1/calls/{call_id}/hangup", key=ACME_KEY) == 202
+        wait_for(
+            lambda: server.http(f"/v1/sessions/{call_id}", key=ACME_KEY)[1]["ended"], 10, "the end"
+        )
+        status, body = post_for(server, path, ACME_KEY)
+        assert status == 409 and "resume_handle" not in body
+    finally:
+        sipp.wait()

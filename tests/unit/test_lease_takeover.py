@@ -194,6 +194,7 @@ class _Services:
     writer: StoreWriter
     owner: str = "worker-0/live"
     answer_after_s: float = 0.0
+    resume_ttl_s: float = 600.0
     metrics: Metrics = field(default_factory=Metrics)
     faults: Faults = field(default_factory=lambda: Faults(""))
     tool_client: Any = None

@@ -24,6 +24,8 @@ from session.resume import (
     verify,
 )
 from session.store.sqlite import SqliteSessionStore
+from telephony.sip_message import mask_text
+from telephony.transfer import context_headers, refer_to
 
 TTL = 600.0
 
@@ -149,3 +151,13 @@ class HandleLifecycle(RuleBasedStateMachine):
 
 TestHandleLifecycle = HandleLifecycle.TestCase
 TestHandleLifecycle.settings = settings(max_examples=40, stateful_step_count=30, deadline=None)
+
+
+def test_a_transfer_carries_the_handle_and_pjsips_log_never_shows_it() -> None:
+    handle = issue("0123abcd", "default", now=0.0, ttl_s=TTL)
+    value = refer_to("sip:desk@cc.example.com", context_headers("0123abcd", handle.text))
+    assert value.endswith(f"&X-Voicegate-Session=0123abcd&X-Voicegate-Resume={handle.text}>")
+    line = f"TX 900 bytes Request msg REFER ... Refer-To: {value}"
+    masked = mask_text(line)
+    assert handle.text not in masked and "X-Voicegate-Resume=vgr1.<redacted>>" in masked
+    assert context_headers("0123abcd") == context_headers("0123abcd", None)  # no handle, none

@@ -19,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from session.resume import RecordState, issue
 from session.store import (
     Checkpoint,
     EventRecord,
@@ -35,7 +36,6 @@ from session.store import (
     UnknownIntent,
     UnknownSession,
 )
-from session.resume import RecordState, issue
 from session.store.sqlite import SCHEMA_VERSION, SqliteSessionStore
 
 OWNER = "worker-a/5d0c7f0e"

@@ -37,6 +37,7 @@ from voicegate.call.control import AgentControl, AgentWork
 from voicegate.call.hangup import HangingUp, HangupPlan
 from voicegate.call.notices import AgentNotice, AgentNotices
 from voicegate.call.responses import Responses
+from voicegate.call.resume import CallResume
 from voicegate.call.services import CallServices
 from voicegate.call.sip_events import SipEvents
 from voicegate.call.timers import SessionTimers, TimerFired
@@ -102,7 +103,10 @@ class LiveCall:
         self._turns = CallerTurns(state, services, steps, self._responses, self._hangup)
         self._sip = SipEvents(state, services, steps, self._responses, self._hangup)
         self._notices = AgentNotices(state, self.tools, post)
-        self.transfer = CallTransfer(state, services, steps, self._hangup, self._timers, clock)
+        self.resume = CallResume(state, services, steps, clock)
+        self.transfer = CallTransfer(
+            state, services, steps, self._hangup, self._timers, clock, self.resume
+        )
         self.control = AgentControl(
             state,
             services,
@@ -266,6 +270,7 @@ class LiveCall:
         services.metrics.calls_offered.inc()
         services.metrics.calls_active.inc()
         log.info("call.offered", extra={"call_id": self.call_id, **meta})
+        self.resume.issue("start", lambda _handle: None)
         # The session is durable before the caller hears anything from us.
         await self._steps.settled()
         if services.answer_after_s > 0:

@@ -26,6 +26,7 @@ class CallServices(ToolServices, Protocol):
     metrics: Metrics
     answer_after_s: float
     owner: str
+    resume_ttl_s: float
 
     def transfer_for(self, tenant: str) -> TransferSettings:
         """The transfer settings of ``tenant`` (config/tenants.py)."""

@@ -6,6 +6,7 @@ store its workers share (:class:`SessionsView`).
 
 from __future__ import annotations
 
+import time
 from typing import Protocol
 
 from aiohttp import web
@@ -15,8 +16,9 @@ from config.rules import Invalid, sip_uri
 from config.settings import TRANSFER_MODES
 from config.tenants import DEFAULT_TENANT
 from session.durable import DurableSession
+from session.resume import ResumeRecord, issue
 from session.state import TERMINAL_STATES
-from session.store import SessionStore, SessionSummary
+from session.store import SessionFinished, SessionStore, SessionSummary
 from voicegate.control.auth import ACCESS, Access, authenticate, foreign, scope
 from voicegate.control.handoff import handoff
 from voicegate.control.http_rules import json_error, json_object, new_app
@@ -35,6 +37,13 @@ class SessionsView(Protocol):
         ...
 
     def is_live(self, session_id: str) -> bool: ...
+
+    @property
+    def resume_ttl_s(self) -> float: ...
+
+    async def record_resume(self, record: ResumeRecord) -> None:
+        """Store a new resume handle's record (a write: off the event loop) and count it."""
+        ...
 
 
 RUNTIME = web.AppKey("runtime", Runtime)
@@ -341,6 +350,31 @@ async def get_handoff(request: web.Request) -> web.Response:
     return web.json_response(body)
 
 
+async def new_resume_handle(request: web.Request) -> web.Response:
+    """A new resume handle for an open session of the key's tenant (docs/tenants.md): it
+    supersedes the session's previous one and is shown here once; only its digest is kept."""
+    view = request.app[SESSIONS]
+    session_id = request.match_info["session_id"]
+    summary = view.store.get(session_id)
+    if summary is None:
+        return json_error(404, "no such session", session_id=session_id)
+    if refusal := foreign(request, summary.tenant, session_id=session_id):
+        return refusal
+    handle = issue(session_id, summary.tenant, now=time.time(), ttl_s=view.resume_ttl_s)
+    try:
+        await view.record_resume(handle.record)
+    except SessionFinished:
+        return json_error(409, "the session has ended: it cannot be resumed", session_id=session_id)
+    return web.json_response(
+        {
+            "session_id": session_id,
+            "resume_handle": handle.text,
+            "expires_at": handle.record.expires_at,
+        },
+        status=201,
+    )
+
+
 def make_app(runtime: Runtime) -> web.Application:
     """One process's control plane (docs/openapi.yaml; the rules of http_rules.py)."""
     app = new_app(authenticate)
@@ -367,3 +401,4 @@ def add_sessions_routes(app: web.Application, view: SessionsView) -> None:
     app.router.add_get("/v1/sessions", list_sessions, allow_head=False)
     app.router.add_get("/v1/sessions/{session_id}", get_session, allow_head=False)
     app.router.add_get("/v1/sessions/{session_id}/handoff", get_handoff, allow_head=False)
+    app.router.add_post("/v1/sessions/{session_id}/resume", new_resume_handle)

@@ -23,6 +23,8 @@ from session.vocabulary import Interruption, Outcome, RecoveryOutcome, Terminal
 
 # Why the control API refused a request (voicegate/control/auth.py); a closed vocabulary.
 API_REFUSAL_REASONS = ("missing_key", "wrong_key", "other_tenant", "metrics_off")
+# Why a resume handle was issued (voicegate/call/resume.py, the sessions API).
+RESUME_ISSUE_REASONS = ("start", "transfer", "api")
 # Transfers (voicegate/call/transfer.py): how each one ended, per mode (only blind is built), and
 # the class of each NOTIFY sipfrag status (or REFER refusal) it got; closed vocabularies.
 TRANSFER_MODES = ("blind",)
@@ -309,6 +311,14 @@ class Metrics:
         )
         for reason in API_REFUSAL_REASONS:
             self.api_refused.labels(reason)
+        self.resume_issued = Counter(
+            "voicegate_resume_handles_issued_total",
+            "Resume handles issued: when a session starts, on a transfer, or to the tenant's API",
+            ["reason"],
+            registry=r,
+        )
+        for reason in RESUME_ISSUE_REASONS:
+            self.resume_issued.labels(reason)
         for mode in TRANSFER_MODES:
             for transfer_outcome in TRANSFER_OUTCOMES:
                 self.transfers.labels(mode, transfer_outcome)

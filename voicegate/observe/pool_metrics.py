@@ -63,6 +63,11 @@ class PoolMetrics:
         )
         for reason in API_REFUSAL_REASONS:
             self.api_refused.labels(reason)
+        self.resume_issued = Counter(
+            "voicegate_pool_resume_handles_issued_total",
+            "Resume handles the supervisor's API issued (POST /v1/sessions/{id}/resume)",
+            registry=r,
+        )
         self.front_door_up = Gauge(
             "voicegate_front_door_up", "1 while Kamailio, the pool's front door, runs", registry=r
         )
