@@ -26,6 +26,7 @@ class CallContext:
     caller: str
     codec: str
     rate: int
+    tenant: str = "default"  # whose call this is (config/tenants.py)
 
 
 @dataclass(frozen=True, slots=True)

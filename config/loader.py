@@ -19,6 +19,7 @@ from config.errors import ConfigError
 from config.rules import Invalid
 from config.schema import BY_DOTTED, BY_ENV, ENV_PREFIX, KEYS, SECTIONS, from_env, from_toml
 from config.settings import CrossProblem, Settings, cross_check
+from config.tenant_loader import load_tenants, open_api_problems
 from config.tools import TOOL_ENV_PREFIX, load_tools
 
 CONFIG_ENV = "VOICEGATE_CONFIG"
@@ -48,12 +49,18 @@ def load_settings(
     sources: dict[str, str] = {}  # dotted key -> " (from ...)"
     problems: list[str] = []
     file_tools: list[tuple[object, str]] = []
+    file_tenants: list[tuple[object, str]] = []
 
     if path is not None:
-        problems += _apply_file(Path(path), "", values, sources, file_tools)
+        problems += _apply_file(Path(path), "", values, sources, file_tools, file_tenants)
     elif env.get(CONFIG_ENV):
         problems += _apply_file(
-            Path(env[CONFIG_ENV]), f" (from {CONFIG_ENV})", values, sources, file_tools
+            Path(env[CONFIG_ENV]),
+            f" (from {CONFIG_ENV})",
+            values,
+            sources,
+            file_tools,
+            file_tenants,
         )
     problems += _apply_env(env, values, sources)
     tools_table, tools_src = file_tools[0] if file_tools else (None, "")
@@ -73,6 +80,13 @@ def load_settings(
     cross = [_describe(p, settings, sources) for p in cross_check(settings)]
     if cross:
         raise ConfigError(*cross)
+    tenants_table, tenants_src = file_tenants[0] if file_tenants else (None, "")
+    tenants, tenant_problems = load_tenants(tenants_table, tenants_src, settings)
+    if tenant_problems:
+        raise ConfigError(*tenant_problems)
+    settings = dataclasses.replace(settings, tenants=tenants)
+    if problems := open_api_problems(settings):
+        raise ConfigError(*problems)
     return settings
 
 
@@ -82,6 +96,7 @@ def _apply_file(
     values: dict[str, object],
     sources: dict[str, str],
     file_tools: list[tuple[object, str]],
+    file_tenants: list[tuple[object, str]],
 ) -> list[str]:
     try:
         with file.open("rb") as fp:
@@ -101,6 +116,8 @@ def _apply_file(
     for section, table in data.items():
         if section == "tools":
             file_tools.append((table, src))
+        elif section == "tenants":
+            file_tenants.append((table, src))
         elif section not in SECTIONS:
             problems.append(_unknown_section(section, table, src))
         elif not isinstance(table, dict):
@@ -155,7 +172,7 @@ def _unknown_section(section: str, table: object, src: str) -> str:
         return f"{section} = {table!r}{src}: keys belong in a [section]{_hint(section, section)}"
     near = difflib.get_close_matches(section, list(SECTIONS), n=1, cutoff=0.6)
     hint = f"did you mean [{near[0]}]? " if near else ""
-    known = ", ".join([*SECTIONS, "tools.<name>"])
+    known = ", ".join([*SECTIONS, "tools.<name>", "tenants.<name>"])
     return f"[{section}]{src}: unknown section; {hint}known sections: {known}"
 
 
@@ -176,7 +193,9 @@ def _shown(dotted: str, value: object) -> str:
     return repr(value)
 
 
-_SECRET_KEYS = frozenset({"secret", "api_key", "password", "token"})
+# api_keys and metrics_keys hold digests, not keys; redacted all the same, as what is mistyped
+# there is often the key itself.
+_SECRET_KEYS = frozenset({"secret", "api_key", "password", "token", "api_keys", "metrics_keys"})
 
 
 def _build(values: dict[str, object]) -> Settings:

@@ -318,3 +318,43 @@ def secret_text(*, empty_ok: bool = False, min_length: int = 16) -> Rule:
         return value
 
     return Rule(allowed, check)
+
+
+_SHA256_HEX = frozenset("0123456789abcdef")
+
+
+def sha256_hashes() -> Rule:
+    """API keys as their SHA-256 digests (64 hex digits each): config files never hold a key.
+
+    Lower-cased, so a digest pasted from a tool that prints upper case compares equal."""
+    allowed = "a list of SHA-256 hex digests of keys (printf %s KEY | sha256sum)"
+
+    def check(value: tuple[str, ...]) -> tuple[str, ...]:
+        out: list[str] = []
+        for item in value:
+            digest = item.strip().lower()
+            if len(digest) != 64 or not _SHA256_HEX.issuperset(digest):
+                # The item itself is not shown: it may be a key pasted where its digest belongs.
+                raise Invalid(
+                    f"item {len(out) + 1} is not a SHA-256 hex digest (64 hex digits): store "
+                    "the key's digest, printf %s KEY | sha256sum, never the key"
+                )
+            out.append(digest)
+        return tuple(out)
+
+    return Rule(allowed, check)
+
+
+def ip_networks() -> Rule:
+    """Source addresses, each an IP address or a network in CIDR form (``203.0.113.0/24``)."""
+    allowed = 'a list of IP addresses or networks such as "203.0.113.0/24" (empty = any source)'
+
+    def check(value: tuple[str, ...]) -> tuple[str, ...]:
+        for item in value:
+            try:
+                ipaddress.ip_network(item, strict=False)
+            except ValueError:
+                raise Invalid(f"{item!r} is not an IP address or network") from None
+        return value
+
+    return Rule(allowed, check)

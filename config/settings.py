@@ -33,11 +33,13 @@ from config.rules import (
     name_token,
     one_of,
     secret_text,
+    sha256_hashes,
     sip_uri,
     sip_uri_patterns,
     sip_users,
     websocket_url,
 )
+from config.tenants import TenantSettings
 from config.tools import ToolSettings
 
 # The crash windows of seed 000 ("How to validate"), named where voicegate's write path passes them.
@@ -242,6 +244,23 @@ class HttpSettings:
         default="127.0.0.1", metadata=key(_ADDRESS, "Address of the control API and /metrics")
     )
     port: int = field(default=8080, metadata=key(_PORT, "Port of the control API and /metrics"))
+    api_keys: tuple[str, ...] = field(
+        default=(),
+        metadata=key(
+            sha256_hashes(),
+            "SHA-256 digests of the API keys of the default tenant (with no [tenants.*]); every "
+            "/v1 route then needs Authorization: Bearer <key>. Empty: the API is open, which is "
+            "allowed only on a loopback address (docs/api.md)",
+        ),
+    )
+    metrics_keys: tuple[str, ...] = field(
+        default=(),
+        metadata=key(
+            sha256_hashes(),
+            "SHA-256 digests of the keys a scraper presents for /metrics from a non-loopback "
+            "peer (Authorization: Bearer <key>); empty: /metrics answers only loopback peers",
+        ),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -414,6 +433,14 @@ class SessionSettings:
     max_duration_s: float = field(
         default=3600.0,
         metadata=key(float_range(0, 86400), "Longest call in seconds; 0 means no limit"),
+    )
+    resume_ttl_s: float = field(
+        default=600.0,
+        metadata=key(
+            float_range(30, 86400),
+            "How long a resume handle stays valid (one is issued when a session starts, on each "
+            "transfer, and to the tenant's API); each is used once (docs/tenants.md)",
+        ),
     )
 
 
@@ -627,6 +654,10 @@ class Settings:
     faults: FaultSettings = field(default_factory=FaultSettings)
     # Not a [section] of keys: [tools.<name>] tables, read by config.tools.
     tools: tuple[ToolSettings, ...] = field(default=(), metadata={NOT_A_SECTION: True})
+    # Not a section either: [tenants.<name>] tables, read by config.tenant_loader. Empty without
+    # tables: the process then has one tenant, "default", made of the top-level settings
+    # (config.tenant_loader.tenants_of).
+    tenants: tuple[TenantSettings, ...] = field(default=(), metadata={NOT_A_SECTION: True})
 
 
 # ---- relations between keys --------------------------------------------------------------------
@@ -694,42 +725,48 @@ def cross_check(s: Settings) -> list[CrossProblem]:
                 "reap_after_s must be at least 3 x heartbeat_s",
             )
         )
-    if s.agent.kind == "python" and not s.agent.factory:
+    problems.extend(agent_problems(s.agent, s.session))
+    problems.extend(_pool_problems(s))
+    problems.extend(transfer_problems(s.transfer))
+    return problems
+
+
+def agent_problems(a: AgentSettings, session: SessionSettings) -> list[CrossProblem]:
+    """What is wrong with one [agent] (the top-level one, or a tenant's)."""
+    problems = []
+    if a.kind == "python" and not a.factory:
         problems.append(
             CrossProblem(
                 ("agent.kind", "agent.factory"),
                 'kind = "python" needs a factory such as "mypackage.agent:MyAgent"',
             )
         )
-    if s.agent.kind == "remote" and not (s.agent.url and s.agent.secret):
+    if a.kind == "remote" and not (a.url and a.secret):
         problems.append(
             CrossProblem(
                 ("agent.kind", "agent.url", "agent.secret"),
                 'kind = "remote" needs both url (ws:// or wss://) and secret',
             )
         )
-    if s.agent.kind == "remote" and s.agent.reconnect_deadline_s >= s.session.recovery_timeout_s:
+    if a.kind == "remote" and a.reconnect_deadline_s >= session.recovery_timeout_s:
         problems.append(
             CrossProblem(
                 ("agent.reconnect_deadline_s", "session.recovery_timeout_s"),
                 "reconnect_deadline_s must be below the session's recovery_timeout_s",
             )
         )
-    if s.agent.kind != "python" and s.agent.factory:
+    if a.kind != "python" and a.factory:
         problems.append(
             CrossProblem(
                 ("agent.kind", "agent.factory"),
                 'a factory is used only with kind = "python": set kind, or remove factory',
             )
         )
-    problems.extend(_pool_problems(s))
-    problems.extend(_transfer_problems(s))
     return problems
 
 
-def _transfer_problems(s: Settings) -> list[CrossProblem]:
+def transfer_problems(t: TransferSettings) -> list[CrossProblem]:
     """A configured target outside allowed_targets would be refused on every use: say so now."""
-    t = s.transfer
     problems = []
     for name in ("default_target", "human_target"):
         target = getattr(t, name)

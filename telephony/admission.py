@@ -16,6 +16,7 @@ Two mechanisms bound it:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from telephony.offer_check import BadOffer
@@ -24,13 +25,20 @@ from telephony.offer_check import BadOffer
 SLOT_HOLD_S = 0.6
 
 
+# Which tenant owns a call to a user part from a source address ("" if unknown); None: nobody.
+Route = Callable[[str, str], str | None]
+DEFAULT_TENANT = "default"
+
+
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """``status`` None means accept; otherwise answer ``status`` not before ``not_before``."""
+    """``status`` None means accept (for ``tenant``); otherwise answer ``status`` not before
+    ``not_before``."""
 
     status: int | None
     reason: str
     not_before: float = 0.0
+    tenant: str = DEFAULT_TENANT
 
 
 ACCEPT = Decision(None, "accepted")
@@ -45,6 +53,7 @@ class Admission:
         max_calls: int,
         rate: float,
         numbers: frozenset[str] = frozenset(),
+        route: Route | None = None,
         burst: float | None = None,
     ) -> None:
         if max_calls < 1 or rate <= 0:
@@ -53,6 +62,7 @@ class Admission:
         self.rate = rate
         self.burst = burst if burst is not None else max(1.0, float(max_calls))
         self.numbers = numbers
+        self.route = route
         self.draining = False
         self._tokens = self.burst
         self._last: float | None = None
@@ -67,15 +77,22 @@ class Admission:
         return False
 
     def decide(
-        self, *, live_calls: int, called_user: str, now: float, bad_offer: BadOffer | None = None
+        self,
+        *,
+        live_calls: int,
+        called_user: str,
+        now: float,
+        source: str = "",
+        bad_offer: BadOffer | None = None,
     ) -> Decision:
         """Decide an INVITE that PJSIP has turned into a call slot at ``now``.
 
-        ``live_calls`` counts this worker's calls not counting the new one; ``bad_offer`` is
-        telephony.offer_check's verdict on it. A refused INVITE costs the same sockets as an
-        accepted one, so the rate comes first: a flood of malformed offers refused at once would
-        exhaust the ioqueue as surely as a flood of calls (PROTOS c07-sip, sdp-connection-ip
-        replayed back to back aborted a worker this way).
+        ``live_calls`` counts this worker's calls not counting the new one; ``source`` is the
+        INVITE's source address (the trunk), which ``route`` may use with the called user;
+        ``bad_offer`` is telephony.offer_check's verdict on it. A refused INVITE costs the same
+        sockets as an accepted one, so the rate comes first: a flood of malformed offers refused
+        at once would exhaust the ioqueue as surely as a flood of calls (PROTOS c07-sip,
+        sdp-connection-ip replayed back to back aborted a worker this way).
         """
         if self.draining:
             # RFC 3261 21.5.4: 503 tells the front door to try another worker.
@@ -86,6 +103,12 @@ class Admission:
             return Decision(bad_offer.status, bad_offer.reason, now)
         if self.numbers and called_user not in self.numbers:
             return Decision(404, "unknown_number", now)
+        tenant = DEFAULT_TENANT
+        if self.route is not None:
+            owner = self.route(called_user, source)
+            if owner is None:
+                return Decision(404, "unknown_number", now)
+            tenant = owner
         if live_calls >= self.max_calls:
             return Decision(486, "capacity", now)
-        return ACCEPT
+        return ACCEPT if tenant == DEFAULT_TENANT else Decision(None, "accepted", tenant=tenant)

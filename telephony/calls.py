@@ -78,6 +78,7 @@ class SipCall(pj.Call):  # type: ignore[misc]
         self.remote_uri = ""
         self.ack_timed_out = False
         self.remote_tag = ""  # the INVITE's From tag
+        self.tenant = ""  # the tenant admission gave the call
         self.dialog: DialogKey | None = None  # once our 2xx named our tag
         # Dialog probes (telephony.events.ProbeDialog) in flight: the OPTIONS request's CSeq
         # number -> (generation, attempt). Set while sendRequest runs, which reports the new

@@ -46,7 +46,13 @@ from telephony.offer_check import check_offer
 from telephony.port_pool import PortPool
 from telephony.refer import Refers
 from telephony.refusals import Refusals
-from telephony.sip_message import header_tag, mask_uri, request_user, via_transport
+from telephony.sip_message import (
+    header_tag,
+    mask_uri,
+    request_user,
+    source_address,
+    via_transport,
+)
 from telephony.sip_wake import SipWaker
 from telephony.thread_state import ThreadStatePins
 
@@ -81,7 +87,10 @@ class SipEndpoint:
         self._stop = threading.Event()
         self._waker = SipWaker(config.sip_address, config.sip_port)
         self.admission = Admission(
-            max_calls=config.max_calls, rate=config.max_setup_rate, numbers=config.numbers
+            max_calls=config.max_calls,
+            rate=config.max_setup_rate,
+            numbers=config.numbers,
+            route=config.route,
         )
         # SIP-thread state.
         self._ep: SipLibrary | None = None
@@ -325,8 +334,15 @@ class SipEndpoint:
                     "remote": mask_uri(info.remoteUri),
                 },
             )
+        source = source_address(
+            str(prm.rdata.srcAddress), whole, trust_header=self.config.trusted_source_header
+        )
         decision = self.admission.decide(
-            live_calls=len(self._calls), called_user=request_user(whole), now=now, bad_offer=bad
+            live_calls=len(self._calls),
+            called_user=request_user(whole),
+            now=now,
+            source=source,
+            bad_offer=bad,
         )
         if decision.status is not None:
             self.post(ev.CallRefused(decision.status, decision.reason, info.remoteUri))
@@ -342,6 +358,7 @@ class SipEndpoint:
             self._refusals.refuse(call, decision.status, not_before=decision.not_before, now=now)
             return
         call.accepted = True
+        call.tenant = decision.tenant
         self._calls[call.call_id] = call
         ringing = pj.CallOpParam()
         ringing.statusCode = 180
@@ -355,6 +372,7 @@ class SipEndpoint:
                 called_user=request_user(whole),
                 transport=via_transport(whole),
                 context=read_context(whole).as_meta(),
+                tenant=decision.tenant,
             )
         )
 

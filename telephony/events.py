@@ -43,6 +43,7 @@ class CallOffered:
     context: Mapping[str, object] = field(default_factory=dict)
     """What the session's metadata records of the INVITE's context headers
     (telephony.inbound_context): ``context`` and ``context_dropped``, or nothing."""
+    tenant: str = "default"
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,8 +50,14 @@ class EndpointConfig:
     media_port: str = "c"
     ack_timeout_s: float = 8.0
     # Inbound REFER policy: None refuses every REFER from the caller's side with 403; else it is
-    # asked whether the Refer-To's bare URI may be called (transfer.allowed_targets).
-    follow_refer: Callable[[str], bool] | None = None
+    # asked whether the call's tenant may call the Refer-To's bare URI (tenant, uri).
+    follow_refer: Callable[[str, str], bool] | None = None
+    # Which tenant owns a call (called user, source address); None answers 404. None: every
+    # call is the default tenant's (sip.numbers still applies).
+    route: Callable[[str, str], str | None] | None = None
+    # Behind the pool's front door every INVITE comes from Kamailio, which puts the caller's
+    # own source address in X-Voicegate-Source (after removing any the caller sent).
+    trusted_source_header: bool = False
 
 
 class LogWriter(pj.LogWriter):  # type: ignore[misc]

@@ -21,10 +21,11 @@ log = logging.getLogger("voicegate.sip")
 
 
 class Refers:
-    """``post`` hands events to asyncio; ``follow`` is the inbound policy (None: refuse all)."""
+    """``post`` hands events to asyncio; ``follow`` is the inbound policy, asked with the call's
+    tenant and the target (None: refuse all)."""
 
     def __init__(
-        self, post: Callable[[ev.SipEvent], None], follow: Callable[[str], bool] | None
+        self, post: Callable[[ev.SipEvent], None], follow: Callable[[str, str], bool] | None
     ) -> None:
         self._post = post
         self._follow = follow
@@ -72,7 +73,7 @@ class Refers:
         """An inbound REFER (RFC 3515): refused with 403 unless policy allows its target; an
         allowed one is followed by pjsua (202, the INVITE, NOTIFYs of its progress)."""
         target = referred_uri(str(prm.dstUri))
-        allowed = call.answered and self._follow is not None and self._follow(target)
+        allowed = call.answered and self._follow is not None and self._follow(call.tenant, target)
         if not allowed or account is None:
             prm.statusCode = 403
             self._post(ev.InboundRefer(call.call_id, 403, mask_uri(target)))

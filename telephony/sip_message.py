@@ -30,6 +30,20 @@ def request_user(whole_msg: str) -> str:
     return match.group(1) if match.group(1) is not None else match.group(2)
 
 
+_SOURCE_HEADER = re.compile(r"^x-voicegate-source\s*:\s*(\S+)\s*$", re.IGNORECASE | re.MULTILINE)
+
+
+def source_address(src_address: str, whole_msg: str, *, trust_header: bool) -> str:
+    """The IP address an INVITE came from: pjsua2's ``rdata.srcAddress`` ("ip:port",
+    "[v6]:port"), or, behind our own front door (``trust_header``), the address Kamailio put in
+    X-Voicegate-Source. Empty if neither gives one."""
+    if trust_header:
+        match = _SOURCE_HEADER.search(whole_msg)
+        return match.group(1) if match else ""
+    host, _, _port = src_address.rpartition(":")
+    return host.strip("[]")
+
+
 def via_transport(whole_msg: str) -> str:
     """The transport of the top Via header, lower-cased (``udp``, ``tcp``, ...)."""
     match = _VIA.search(whole_msg)
@@ -63,9 +77,14 @@ _ANY_USER = re.compile(r"((?:sips?|tel):)([^@;>\s]*)")
 _DISPLAY = re.compile(r'"([^"]*)"\s*<')
 
 
+_RESUME_HANDLE = re.compile(r"vgr1\.[0-9a-f]{16}\.[A-Za-z0-9_-]{43}")
+
+
 def mask_text(text: str, keep: int = 3) -> str:
     """``text`` with every SIP/tel URI's user part and every quoted display name masked as
-    :func:`mask_uri` does: for text that may quote whole SIP messages (PJSIP's own log lines)."""
+    :func:`mask_uri` does, and every resume handle replaced: for text that may quote whole SIP
+    messages (PJSIP's own log lines; a REFER carries X-Voicegate-Resume)."""
+    text = _RESUME_HANDLE.sub("vgr1.<redacted>", text)
     text = _ANY_USER.sub(lambda m: m.group(1) + _mask_digits(m.group(2), keep), text)
     return _DISPLAY.sub(lambda m: '"' + _mask_digits(m.group(1), keep) + '" <', text)
 

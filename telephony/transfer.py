@@ -16,6 +16,9 @@ _HVALUE_SAFE = frozenset(
 )
 
 SESSION_HEADER = "X-Voicegate-Session"
+# A resume handle (session/resume.py) the call centre may send the caller back with; its
+# characters are all unreserved, so it travels unescaped (and is masked in PJSIP's log).
+RESUME_HEADER = "X-Voicegate-Resume"
 UUI_HEADER = "User-to-User"
 
 
@@ -34,9 +37,12 @@ def user_to_user(reference: str) -> str:
     return f"{reference.encode('ascii').hex().upper()};encoding=hex"
 
 
-def context_headers(session_id: str) -> tuple[tuple[str, str], ...]:
+def context_headers(
+    session_id: str, resume_handle: str | None = None
+) -> tuple[tuple[str, str], ...]:
     """The headers a call centre receives on the INVITE the transfer causes."""
-    return ((UUI_HEADER, user_to_user(session_id)), (SESSION_HEADER, session_id))
+    headers = ((UUI_HEADER, user_to_user(session_id)), (SESSION_HEADER, session_id))
+    return (*headers, (RESUME_HEADER, resume_handle)) if resume_handle else headers
 
 
 def refer_to(target: str, headers: tuple[tuple[str, str], ...]) -> str:

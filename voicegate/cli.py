@@ -23,7 +23,7 @@ from voicegate.observe.logs import setup_logging
 from voicegate.pool.front_door import front_door_for
 from voicegate.pool.kamailio_config import render_config, render_dispatcher_list
 from voicegate.pool.supervisor import Supervisor, SupervisorStartError
-from voicegate.runtime import Runtime, agent_factory
+from voicegate.runtime import Runtime, agent_factories
 from voicegate.signals import stop_signals
 
 log = logging.getLogger("voicegate")
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_CONFIG
     try:
         # Importing the user's agent is part of checking the config: a typo stops start-up.
-        agent_factory(settings)
+        agent_factories(settings)
     except AgentLoadError as exc:
         print(f"voicegate: config error: {exc}", file=sys.stderr)
         return EXIT_CONFIG

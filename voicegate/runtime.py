@@ -21,15 +21,19 @@ from numpy.typing import NDArray
 
 from agents.base import AgentFactory
 from agents.demo import DemoAgent
-from agents.loading import load_factory
+from agents.loading import AgentLoadError, load_factory
 from agents.remote.adapter import RemoteAgentFactory, remote_settings
 from audio.barge_in import BargeInConfig
 from audio.prompts import PromptLibrary, default_prompts_dir
 from audio.vad import VadConfig
 from config import Settings
+from config.settings import TransferSettings
+from config.tenant_loader import tenants_of
+from config.tenants import DEFAULT_TENANT
 from config.tools import ToolSettings
 from session import effects as fx
 from session.reaper import reap_predecessors, reap_stale
+from session.resume import ResumeRecord
 from session.state import Policy
 from session.store import SessionStore
 from session.store.sqlite import SqliteSessionStore
@@ -61,6 +65,14 @@ LOOP_BLOCKED_S = 0.25
 
 def endpoint_config(settings: Settings) -> EndpointConfig:
     sip, media = settings.sip, settings.media
+    tenants = tenants_of(settings)
+
+    def follow_refer(tenant: str, target: str) -> bool:
+        # Inbound REFER is policy (toll fraud): followed only when the call's tenant allows it
+        # and its target.
+        t = tenants.get(tenant)
+        return t is not None and t.transfer.accept_inbound_refer and t.transfer.allows(target)
+
     return EndpointConfig(
         sip_address=sip.address,
         sip_port=sip.port,
@@ -82,9 +94,30 @@ def endpoint_config(settings: Settings) -> EndpointConfig:
         ack_timeout_s=sip.ack_timeout_s,
         playout_max_ms=round(settings.audio.playout_max_s * 1000),
         resample_quality=media.resample_quality,
-        # Inbound REFER is policy (toll fraud): followed only when allowed and the target is.
-        follow_refer=settings.transfer.allows if settings.transfer.accept_inbound_refer else None,
+        follow_refer=follow_refer
+        if any(t.transfer.accept_inbound_refer for t in tenants)
+        else None,
+        route=tenants.route,
+        # A pooled worker hears only its front door, which names the caller's source address.
+        trusted_source_header=settings.pool.workers > 1 and settings.pool.front_door,
     )
+
+
+def agent_factories(
+    settings: Settings, metrics: Metrics | None = None
+) -> dict[str, AgentFactory]:
+    """Each tenant's agent factory; raises AgentLoadError naming the key if one is unusable."""
+    factories = {}
+    for tenant in tenants_of(settings):
+        try:
+            factories[tenant.name] = agent_factory(
+                dataclasses.replace(settings, agent=tenant.agent), metrics
+            )
+        except AgentLoadError as exc:
+            if tenant.name == DEFAULT_TENANT and not settings.tenants:
+                raise
+            raise AgentLoadError(f"[tenants.{tenant.name}.agent]: {exc}") from exc
+    return factories
 
 
 def agent_factory(settings: Settings, metrics: Metrics | None = None) -> AgentFactory:
@@ -124,8 +157,10 @@ class Runtime:
         self.owner = OwnerId(settings.session.worker_name, uuid.uuid4().hex[:12]).format()
         prompts_dir = settings.agent.prompts_dir or default_prompts_dir()
         self._prompts = PromptLibrary(Path(prompts_dir))
-        self._agent_factory = agent_factory(settings, self.metrics)
+        self.tenants = tenants_of(settings)
+        self._agent_factories = agent_factories(settings, self.metrics)
         self.answer_after_s = settings.sip.answer_after_s
+        self.resume_ttl_s = settings.session.resume_ttl_s
         # A crash window after a write is after it is durable: flush the writer first.
         self.faults = Faults(settings.faults.crash_at, before_crash=self.writer.flush)
         self.tools: Mapping[str, ToolSettings] = {tool.name: tool for tool in settings.tools}
@@ -138,7 +173,6 @@ class Runtime:
                 self.metrics.tool_calls.labels(name, outcome)
             for bad in BadAnswer:
                 self.metrics.tool_bad_answers.labels(name, bad)
-        self.transfer_settings = settings.transfer
         self.reconcile_timeout_s = settings.session.reconcile_timeout_s
         self.status_attempts = settings.session.status_attempts
         self._http: aiohttp.ClientSession | None = None
@@ -178,14 +212,17 @@ class Runtime:
         )
         return a.agent_rate, vad, barge
 
-    def policy(self) -> dict[str, float]:
+    def transfer_for(self, tenant: str) -> TransferSettings:
+        return self.tenants[tenant].transfer
+
+    def policy(self, tenant: str) -> dict[str, float]:
         s = self.settings.session
         policy = Policy(
             recovery_timeout_s=s.recovery_timeout_s,
             max_duration_s=s.max_duration_s,
             no_input_s=s.no_input_s,
             no_input_grace_s=s.no_input_grace_s,
-            transfer_timeout_s=self.settings.transfer.notify_timeout_s,
+            transfer_timeout_s=self.transfer_for(tenant).notify_timeout_s,
         )
         return dataclasses.asdict(policy)
 
@@ -211,6 +248,10 @@ class Runtime:
                     m.stale_events.labels(event_type).inc()
                 case _:
                     pass
+
+    async def record_resume(self, record: ResumeRecord) -> None:
+        await asyncio.wrap_future(self.writer.submit(lambda store: store.record_handle(record)))
+        self.metrics.resume_issued.labels("api").inc()
 
     async def reap(self, *, now: float | None = None) -> list[str]:
         """Finalise sessions whose process stopped (seed 004's reaper); safe to call any time.
@@ -376,11 +417,15 @@ class Runtime:
                     call.deliver(event)
 
     async def place_call(
-        self, target: str, headers: tuple[tuple[str, str], ...] = ()
+        self,
+        target: str,
+        headers: tuple[tuple[str, str], ...] = (),
+        *,
+        tenant: str = DEFAULT_TENANT,
     ) -> str | PlaceRefused:
-        """Place an outbound call to ``target`` (voicegate/call/legs.py): its session id once
-        its session is durable (so ``/v1/sessions/{id}`` finds it; the INVITE follows), else
-        why not."""
+        """Place an outbound call to ``target`` (voicegate/call/legs.py) for ``tenant``, whose
+        agent answers it: its session id once its session is durable (so ``/v1/sessions/{id}``
+        finds it; the INVITE follows), else why not."""
         if not self.settings.outbound.allows(target):
             return PlaceRefused(403, "target is not in outbound.allowed_targets", "target")
         if self.draining or not self.sip_ready:
@@ -391,7 +436,7 @@ class Runtime:
             return PlaceRefused(
                 503, f"no free call slot: {held} of {max_calls} call slots are held here"
             )
-        offer = new_leg_offer(target)
+        offer = dataclasses.replace(new_leg_offer(target), tenant=tenant)
         leg = OutboundLeg(target, self.settings.outbound.ring_timeout_s, headers)
         call = self._start_call(offer, leg)
         await call.session_started.wait()  # set by the call's task however it ends (_run_call)
@@ -408,7 +453,7 @@ class Runtime:
     def _start_call(
         self, offer: ev.CallOffered, outbound: OutboundLeg | None = None
     ) -> LiveCall:
-        call = LiveCall(offer, self, self._agent_factory, self._clock, outbound)
+        call = LiveCall(offer, self, self._agent_factories[offer.tenant], self._clock, outbound)
         self.calls[call.call_id] = call
         self._arm_ticker()
         task = asyncio.create_task(self._run_call(call), name=f"call-{call.call_id[:8]}")

@@ -32,6 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
+from session.resume import ResumeRecord
 from session.vocabulary import IntentKind, Outcome, Terminal
 
 # Seed 000: every session ends in exactly one of these. Kept here, not imported from the state
@@ -40,6 +41,8 @@ from session.vocabulary import IntentKind, Outcome, Terminal
 TERMINAL_STATES: Final = tuple(t.value for t in Terminal)
 INTENT_KINDS: Final = tuple(k.value for k in IntentKind)
 RECEIPT_OUTCOMES: Final = tuple(o.value for o in Outcome)
+# The tenant of a session created without one, and of every session from before tenants.
+DEFAULT_TENANT: Final = "default"
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +86,7 @@ class SessionSummary:
     status: str  # one-line status the caller derived from its state on the last append
     terminal_state: str | None  # one of TERMINAL_STATES once recorded, never changed after
     meta: Mapping[str, Any]
+    tenant: str = DEFAULT_TENANT  # the tenant whose call this is (config/tenants.py), never changed
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,8 +221,17 @@ class SessionStore(Protocol):
     receipt is evidence of what a provider did, worth keeping whoever holds the session now.
     """
 
-    def create(self, session_id: str, *, owner: str, meta: Mapping[str, Any], at: float) -> Lease:
-        """Start a session with ``last_seq`` 0 and status ``"created"``, owned by ``owner``.
+    def create(
+        self,
+        session_id: str,
+        *,
+        owner: str,
+        meta: Mapping[str, Any],
+        at: float,
+        tenant: str = DEFAULT_TENANT,
+    ) -> Lease:
+        """Start a session of ``tenant`` with ``last_seq`` 0 and status ``"created"``, owned by
+        ``owner``.
 
         Returns its first lease, ``Lease(owner, 1)``. Raises SessionExists.
         """
@@ -307,8 +320,10 @@ class SessionStore(Protocol):
         status_prefix: str | None = None,
         limit: int = 50,
         cursor: str | None = None,
+        tenant: str | None = None,
     ) -> tuple[builtins.list[SessionSummary], str | None]:
-        """One page of sessions, newest first (``created_at`` desc, then ``session_id`` desc).
+        """One page of sessions, newest first (``created_at`` desc, then ``session_id`` desc),
+        only ``tenant``'s when given.
 
         Returns the page and an opaque cursor for the next one (None on the last page). Paging
         with the cursor visits every matching session exactly once, even while sessions are
@@ -351,6 +366,27 @@ class SessionStore(Protocol):
 
     def outstanding_intents(self, session_id: str) -> builtins.list[ToolIntent]:
         """Intents without a definitive receipt (none, or ``unknown``), oldest first."""
+        ...
+
+    # Resume handles (session/resume.py): records only, never a handle's verifier.
+
+    def record_handle(self, record: ResumeRecord) -> None:
+        """Keep ``record`` (state ``current``) as its session's live handle; the session's
+        previous current handle, if any, becomes ``superseded`` in the same transaction.
+
+        Raises UnknownSession, SessionFinished (an ended session is not resumed), or StoreError
+        for a selector already stored."""
+        ...
+
+    def resume_handle(self, selector: str) -> ResumeRecord | None:
+        """The record of ``selector``, whatever its state, or None."""
+        ...
+
+    def use_handle(self, selector: str, successor: ResumeRecord) -> bool:
+        """Rotate: if ``selector`` is its session's current handle, make it ``used`` and
+        ``successor`` (same session and tenant) current, atomically; True. False if it was not
+        current (used or superseded meanwhile, by a racing use: the caller reports a reuse).
+        Nothing is written on False."""
         ...
 
     def close(self) -> None: ...

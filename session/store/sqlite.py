@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from session.store import (
+    DEFAULT_TENANT,
     INTENT_KINDS,
     RECEIPT_OUTCOMES,
     TERMINAL_STATES,
@@ -42,13 +43,15 @@ from session.store import (
     decode_cursor,
     encode_cursor,
 )
+from session.store.sqlite_resume import SCHEMA as RESUME_SCHEMA
+from session.store.sqlite_resume import ResumeHandlesSql
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
 R = TypeVar("R", bound="DataclassInstance")
 
-SCHEMA_VERSION: Final = 2  # PRAGMA user_version; _MIGRATIONS step an older file up to it
+SCHEMA_VERSION: Final = 3  # PRAGMA user_version; _MIGRATIONS step an older file up to it
 
 _SCHEMA: Final = (
     f"""CREATE TABLE sessions (
@@ -60,8 +63,10 @@ _SCHEMA: Final = (
         status         TEXT NOT NULL,
         terminal_state TEXT CHECK (terminal_state IN {TERMINAL_STATES!r}),
         meta           TEXT NOT NULL,
-        lease_epoch    INTEGER NOT NULL DEFAULT 1 CHECK (lease_epoch >= 1))""",
+        lease_epoch    INTEGER NOT NULL DEFAULT 1 CHECK (lease_epoch >= 1),
+        tenant         TEXT NOT NULL DEFAULT 'default')""",
     "CREATE INDEX sessions_newest ON sessions (created_at DESC, session_id DESC)",
+    "CREATE INDEX sessions_tenant ON sessions (tenant, created_at DESC, session_id DESC)",
     "CREATE INDEX sessions_open ON sessions (updated_at) WHERE terminal_state IS NULL",
     """CREATE TABLE events (
         session_id TEXT NOT NULL REFERENCES sessions,
@@ -92,6 +97,7 @@ _SCHEMA: Final = (
         outcome         TEXT NOT NULL CHECK (outcome IN {RECEIPT_OUTCOMES!r}),
         detail          TEXT NOT NULL,
         at              REAL NOT NULL)""",
+    *RESUME_SCHEMA,
 )
 
 # Version N -> N + 1. A new file gets _SCHEMA at once; its columns are in the order a migrated file
@@ -101,6 +107,12 @@ _MIGRATIONS: Final[Mapping[int, tuple[str, ...]]] = {
     1: (
         "ALTER TABLE sessions ADD COLUMN"
         " lease_epoch INTEGER NOT NULL DEFAULT 1 CHECK (lease_epoch >= 1)",
+    ),
+    # 2 -> 3: the tenant a session belongs to. Sessions from before tenants are the default's.
+    2: (
+        "ALTER TABLE sessions ADD COLUMN tenant TEXT NOT NULL DEFAULT 'default'",
+        "CREATE INDEX sessions_tenant ON sessions (tenant, created_at DESC, session_id DESC)",
+        *RESUME_SCHEMA,
     ),
 }
 
@@ -142,7 +154,7 @@ def _record(cls: type[R], row: Sequence[Any]) -> R:
     return cls(**{k: json.loads(v) if k in _JSON_FIELDS else v for k, v in values})
 
 
-class SqliteSessionStore:
+class SqliteSessionStore(ResumeHandlesSql):
     """``SessionStore`` on one SQLite file. One connection, used from the thread that opened it."""
 
     def __init__(self, path: Path) -> None:
@@ -236,9 +248,19 @@ class SqliteSessionStore:
     def close(self) -> None:
         self._db.close()
 
-    def create(self, session_id: str, *, owner: str, meta: Mapping[str, Any], at: float) -> Lease:
+    def create(
+        self,
+        session_id: str,
+        *,
+        owner: str,
+        meta: Mapping[str, Any],
+        at: float,
+        tenant: str = DEFAULT_TENANT,
+    ) -> Lease:
         lease = Lease(owner, 1)
-        summary = SessionSummary(session_id, at, at, 0, owner, lease.epoch, "created", None, meta)
+        summary = SessionSummary(
+            session_id, at, at, 0, owner, lease.epoch, "created", None, meta, tenant
+        )
         params = _params(summary)
         with self._write():
             exists = "SELECT 1 FROM sessions WHERE session_id = ?"
@@ -351,6 +373,7 @@ class SqliteSessionStore:
         status_prefix: str | None = None,
         limit: int = 50,
         cursor: str | None = None,
+        tenant: str | None = None,
     ) -> tuple[builtins.list[SessionSummary], str | None]:
         check_terminal_state(terminal_state)
         if terminal_state is not None and open_only:
@@ -364,6 +387,9 @@ class SqliteSessionStore:
             params.append(terminal_state)
         if open_only:
             where.append("terminal_state IS NULL")
+        if tenant is not None:
+            where.append("tenant = ?")
+            params.append(tenant)
         if status_prefix is not None:
             # substr, not LIKE: LIKE is case-insensitive and treats % and _ as wildcards.
             where.append("substr(status, 1, ?) = ?")

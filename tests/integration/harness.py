@@ -121,6 +121,8 @@ class Server:
     http_port: int = 0
     process: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
+    # Sent as "Authorization: Bearer <api_key>" on every request when set (docs/api.md).
+    api_key: str = ""
 
     def __post_init__(self) -> None:
         self.sip_port = self.sip_port or free_port()
@@ -189,10 +191,16 @@ class Server:
     def sip_target(self) -> str:
         return f"{LOOPBACK}:{self.sip_port}"
 
-    def http(self, path: str) -> tuple[int, Any]:
+    def _headers(self, key: str | None) -> dict[str, str]:
+        key = self.api_key if key is None else key
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+    def http(self, path: str, *, key: str | None = None) -> tuple[int, Any]:
+        """GET ``path`` with ``key`` (default: :attr:`api_key`; "" sends none)."""
         url = f"http://{LOOPBACK}:{self.http_port}{path}"
+        request = urllib.request.Request(url, headers=self._headers(key))
         try:
-            with urllib.request.urlopen(url, timeout=5) as response:
+            with urllib.request.urlopen(request, timeout=5) as response:
                 body = response.read()
                 status = response.status
                 ctype = response.headers.get("Content-Type", "")
@@ -209,9 +217,12 @@ class Server:
         AUDIT.learn(decoded, f"GET {path}")
         return status, decoded
 
-    def post(self, path: str) -> int:
+    def post(self, path: str, *, key: str | None = None) -> int:
         request = urllib.request.Request(
-            f"http://{LOOPBACK}:{self.http_port}{path}", data=b"", method="POST"
+            f"http://{LOOPBACK}:{self.http_port}{path}",
+            data=b"",
+            method="POST",
+            headers=self._headers(key),
         )
         try:
             with urllib.request.urlopen(request, timeout=5) as response:
@@ -220,12 +231,12 @@ class Server:
             AUDIT.record(f"POST {path} -> {exc.code} ({self.log_path})", exc.read().decode())
             return int(exc.code)
 
-    def post_json(self, path: str, body: object) -> tuple[int, Any]:
+    def post_json(self, path: str, body: object, *, key: str | None = None) -> tuple[int, Any]:
         """POST ``body`` as JSON; the status and the decoded JSON answer."""
         request = urllib.request.Request(
             f"http://{LOOPBACK}:{self.http_port}{path}",
             data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json"},
+            headers={"Content-Type": "application/json", **self._headers(key)},
             method="POST",
         )
         try:

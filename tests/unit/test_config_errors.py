@@ -14,7 +14,7 @@ from config import ConfigError, load_settings
 
 SECTIONS = (
     "sip, media, audio, http, storage, session, pool, agent, transfer, outbound, log, faults, "
-    "tools.<name>"
+    "tools.<name>, tenants.<name>"
 )
 
 

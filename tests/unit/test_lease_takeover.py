@@ -18,6 +18,7 @@ from numpy.typing import NDArray
 from agents.base import Agent, CallContext, CallControl
 from audio.barge_in import BargeInConfig
 from audio.vad import VadConfig
+from config.settings import TransferSettings
 from config.tools import ToolSettings
 from session import effects as fx
 from session import events as sev
@@ -193,6 +194,7 @@ class _Services:
     writer: StoreWriter
     owner: str = "worker-0/live"
     answer_after_s: float = 0.0
+    resume_ttl_s: float = 600.0
     metrics: Metrics = field(default_factory=Metrics)
     faults: Faults = field(default_factory=lambda: Faults(""))
     tool_client: Any = None
@@ -207,8 +209,11 @@ class _Services:
     def prompt(self, name: str, rate: int) -> NDArray[np.int16]:
         return np.zeros(rate // 50, dtype=np.int16)
 
-    def policy(self) -> dict[str, float]:
+    def policy(self, tenant: str) -> dict[str, float]:
         return {}
+
+    def transfer_for(self, tenant: str) -> TransferSettings:
+        return TransferSettings()
 
     def audio_settings(self) -> tuple[int, VadConfig, BargeInConfig]:
         return 16000, VadConfig(), BargeInConfig()

@@ -19,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from session.resume import RecordState, issue
 from session.store import (
     Checkpoint,
     EventRecord,
@@ -275,6 +276,67 @@ def test_list_pages_visit_every_session_once_newest_first(store: SessionStore, l
     assert [sid for page in pages for sid in page] == newest_first
     assert all(len(page) == limit for page in pages[:-1])
     assert 1 <= len(pages[-1]) <= limit
+
+
+def test_a_session_keeps_its_tenant_and_lists_by_it(store: SessionStore) -> None:
+    store.create("a1", owner=OWNER, meta={}, at=1.0, tenant="acme")
+    store.create("b1", owner=OWNER, meta={}, at=2.0, tenant="beta")
+    store.create("a2", owner=OWNER, meta={}, at=3.0, tenant="acme")
+    store.create("d1", owner=OWNER, meta={}, at=4.0)
+    assert [(store.get(s) or pytest.fail()).tenant for s in ("a1", "b1", "d1")] == [
+        "acme",
+        "beta",
+        "default",
+    ]
+    assert [s.session_id for s in store.list(tenant="acme")[0]] == ["a2", "a1"]
+    assert [s.session_id for s in store.list(tenant="nobody")[0]] == []
+    # Pages of one tenant never reach into another's.
+    first, cursor = store.list(tenant="acme", limit=1)
+    assert [s.session_id for s in first] == ["a2"] and cursor is not None
+    assert [s.session_id for s in store.list(tenant="acme", limit=1, cursor=cursor)[0]] == ["a1"]
+    # A take-over moves the owner, never the tenant.
+    store.take_over("b1", owner="worker-b/1", at=5.0)
+    assert (store.get("b1") or pytest.fail()).tenant == "beta"
+
+
+def test_resume_handles_have_one_current_per_session_and_rotate_once(
+    open_store: StoreFactory,
+) -> None:
+    store, other = open_store(), open_store()
+    store.create("s1", owner=OWNER, meta={}, at=1.0, tenant="acme")
+    first = issue("s1", "acme", now=1.0, ttl_s=60).record
+    store.record_handle(first)
+    assert store.resume_handle(first.selector) == first
+    assert store.resume_handle("0" * 16) is None
+    # A second handle supersedes the first.
+    second = issue("s1", "acme", now=2.0, ttl_s=60).record
+    store.record_handle(second)
+    stored = store.resume_handle(first.selector)
+    assert stored is not None and stored.state == RecordState.SUPERSEDED
+    assert not store.use_handle(first.selector, issue("s1", "acme", now=3, ttl_s=60).record)
+    # Two processes presenting the same handle: exactly one rotates it.
+    third = issue("s1", "acme", now=3.0, ttl_s=60).record
+    fourth = issue("s1", "acme", now=3.0, ttl_s=60).record
+    assert store.use_handle(second.selector, third)
+    assert not other.use_handle(second.selector, fourth)
+    assert other.resume_handle(fourth.selector) is None  # nothing written on False
+    used = other.resume_handle(second.selector)
+    assert used is not None and used.state == RecordState.USED
+    live = other.resume_handle(third.selector)
+    assert live is not None and live.state == RecordState.CURRENT
+    with pytest.raises(ValueError):
+        store.use_handle(third.selector, issue("s2", "acme", now=3, ttl_s=60).record)
+    with pytest.raises(StoreError):
+        store.record_handle(third)  # a selector is stored once
+
+
+def test_resume_handles_need_an_open_session(store: SessionStore) -> None:
+    with pytest.raises(UnknownSession):
+        store.record_handle(issue("nope", "acme", now=1.0, ttl_s=60).record)
+    store.create("s1", owner=OWNER, meta={}, at=1.0)
+    store.append(event("s1", 1), lease=LEASE, status="done", terminal_state="completed")
+    with pytest.raises(SessionFinished):
+        store.record_handle(issue("s1", "default", now=2.0, ttl_s=60).record)
 
 
 def test_list_filters_page_too(store: SessionStore) -> None:
@@ -693,7 +755,14 @@ def test_sqlite_is_opened_for_durability(tmp_path: Path) -> None:
         assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
         assert db.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
         tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        assert tables == {"sessions", "events", "checkpoints", "tool_intents", "tool_receipts"}
+        assert tables == {
+            "sessions",
+            "events",
+            "checkpoints",
+            "tool_intents",
+            "tool_receipts",
+            "resume_handles",
+        }
         types = {
             row[2].upper()
             for table in tables
@@ -803,10 +872,11 @@ def test_sqlite_migrates_a_version_1_file_in_place(tmp_path: Path) -> None:
     )
     done = store.get("done")
     assert done is not None
-    assert (done.lease_epoch, done.terminal_state, done.meta) == (
+    assert (done.lease_epoch, done.terminal_state, done.meta, done.tenant) == (
         1,
         "completed",
         {"caller": "***4567"},
+        "default",  # sessions from before tenants are the default tenant's
     )
     assert store.events("open") == [EventRecord("open", 1, "note", {"n": 1}, [], 2.0)]
     # The owner of a v1 session holds epoch 1 and goes on writing until someone takes it over.

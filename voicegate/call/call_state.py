@@ -26,6 +26,7 @@ class CallPhase(enum.Enum):
 @dataclass(slots=True)
 class CallState:
     call_id: str
+    tenant: str = "default"  # config/tenants.py: its agent and transfer settings apply
     phase: CallPhase = CallPhase.RINGING
     channel: MediaChannel | None = None
     session: DurableSession | None = None

@@ -38,6 +38,7 @@ from voicegate.call.hangup import HangingUp, HangupPlan
 from voicegate.call.legs import OutboundLeg, unanswered_outcome
 from voicegate.call.notices import AgentNotice, AgentNotices
 from voicegate.call.responses import Responses
+from voicegate.call.resume import CallResume
 from voicegate.call.services import CallServices
 from voicegate.call.sip_events import SipEvents
 from voicegate.call.timers import SessionTimers, TimerFired
@@ -74,7 +75,9 @@ class LiveCall:
         self._agent_factory = agent_factory
         self._clock = clock
         self.events: asyncio.Queue[object] = asyncio.Queue()
-        self._state = state = CallState(self.call_id, outbound=outbound is not None)
+        self._state = state = CallState(
+            self.call_id, tenant=offer.tenant, outbound=outbound is not None
+        )
         self.started_at = clock.now()
         self.answered_at: float | None = None
         self.codec = ""
@@ -107,7 +110,10 @@ class LiveCall:
         self._turns = CallerTurns(state, services, steps, self._responses, self._hangup)
         self._sip = SipEvents(state, services, steps, self._responses, self._hangup)
         self._notices = AgentNotices(state, self.tools, post)
-        self.transfer = CallTransfer(state, services, steps, self._hangup, self._timers, clock)
+        self.resume = CallResume(state, services, steps, clock)
+        self.transfer = CallTransfer(
+            state, services, steps, self._hangup, self._timers, clock, self.resume
+        )
         self.control = AgentControl(
             state,
             services,
@@ -132,6 +138,10 @@ class LiveCall:
                 prompt_for=self.transfer.prompt,
             )
         )
+
+    @property
+    def tenant(self) -> str:
+        return self.offer.tenant
 
     @property
     def phase(self) -> CallPhase:
@@ -164,6 +174,7 @@ class LiveCall:
             "session_status": self.session.state.status() if self.session else None,
             "caller": mask_uri(self.offer.remote_uri),
             "called_user": self.offer.called_user,
+            "tenant": self.offer.tenant,
             "transport": self.offer.transport,
             "codec": self.codec,
             "codec_rate": self.codec_rate,
@@ -254,16 +265,17 @@ class LiveCall:
             # validated on the SIP thread (telephony.inbound_context).
             **self.offer.context,
         }
+        tenant = self.offer.tenant
         offered: sev.Event = sev.CallOffered(
-            caller=caller, called_user=self.offer.called_user, policy=services.policy()
+            caller=caller, called_user=self.offer.called_user, policy=services.policy(tenant)
         )
         if self.outbound is not None:
             meta["direction"] = "outbound"
-            offered = sev.CallPlaced(caller, self.outbound.ring_timeout_s, services.policy())
+            offered = sev.CallPlaced(caller, self.outbound.ring_timeout_s, services.policy(tenant))
         call_id, owner, at = self.call_id, services.owner, self.started_at
         lease = await asyncio.wrap_future(
             services.writer.submit(
-                lambda store: store.create(call_id, owner=owner, meta=meta, at=at)
+                lambda store: store.create(call_id, owner=owner, meta=meta, at=at, tenant=tenant)
             )
         )
         self._state.session = DurableSession(services.store, SessionState(call_id), lease)
@@ -277,6 +289,7 @@ class LiveCall:
         if isinstance(context, dict) and context:
             said["context_headers"] = sorted(context)
         log.info("call.offered", extra={"call_id": self.call_id, **said})
+        self.resume.issue("start", lambda _handle: None)
         # The session is durable before the caller hears anything from us.
         await self._steps.settled()
         self.session_started.set()
@@ -431,6 +444,7 @@ class LiveCall:
             caller=mask_uri(self.offer.remote_uri),
             codec=self.codec,
             rate=channel.rate,
+            tenant=self.offer.tenant,
         )
         agent = self._state.agent = make_agent(self._agent_factory, context, self.control)
         self._turns.agent_takes_audio = takes_audio(agent.inner)

@@ -26,13 +26,17 @@ class CallServices(ToolServices, Protocol):
     metrics: Metrics
     answer_after_s: float
     owner: str
-    transfer_settings: TransferSettings
+    resume_ttl_s: float
+
+    def transfer_for(self, tenant: str) -> TransferSettings:
+        """The transfer settings of ``tenant`` (config/tenants.py)."""
+        ...
 
     def submit(self, command: ev.SipCommand) -> None: ...
 
     def prompt(self, name: str, rate: int) -> NDArray[np.int16]: ...
 
-    def policy(self) -> dict[str, float]: ...
+    def policy(self, tenant: str) -> dict[str, float]: ...
 
     def audio_settings(self) -> tuple[int, VadConfig, BargeInConfig]: ...
 

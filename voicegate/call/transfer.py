@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from config.settings import TRANSFER_MODES, TransferSettings
 from session import events as sev
+from session.resume import Handle
 from session.state import Signaling
 from telephony import events as ev
 from telephony.sip_message import mask_uri
@@ -30,6 +31,7 @@ from voicegate.call.bridge import ATTENDED, BRIDGE, CallBridge
 from voicegate.call.call_state import CallPhase, CallState
 from voicegate.call.clock import SessionClock
 from voicegate.call.hangup import HangingUp
+from voicegate.call.resume import CallResume
 from voicegate.call.services import CallServices
 from voicegate.call.timers import SessionTimers
 
@@ -62,7 +64,9 @@ class CallTransfer:
         hangup: HangingUp,
         timers: SessionTimers,
         clock: SessionClock,
+        resume: CallResume,
     ) -> None:
+        self._resume = resume
         self._state = state
         self._services = services
         self._steps = steps
@@ -78,7 +82,7 @@ class CallTransfer:
 
     @property
     def settings(self) -> TransferSettings:
-        return self._services.transfer_settings
+        return self._services.transfer_for(self._state.tenant)
 
     # --- requests --------------------------------------------------------------------------------
 
@@ -151,8 +155,17 @@ class CallTransfer:
         return None
 
     def _send_refer(self, target: str) -> None:
-        headers = context_headers(self._state.call_id)
-        self._services.submit(ev.Transfer(self._state.call_id, target, headers))
+        # Every transfer of an open session carries a new resume handle, durable before the
+        # REFER leaves. A needs_human handoff has none: its session has ended, nothing to resume.
+        def send(handle: Handle | None) -> None:
+            headers = context_headers(self._state.call_id, handle.text if handle else None)
+            self._services.submit(ev.Transfer(self._state.call_id, target, headers))
+
+        state = self._state.session_state
+        if state is not None and state.terminal:
+            send(None)
+        else:
+            self._resume.issue("transfer", send)
 
     # --- progress --------------------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ store its workers share (:class:`SessionsView`).
 
 from __future__ import annotations
 
+import time
 from typing import Protocol
 
 from aiohttp import web
@@ -13,10 +14,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from config.rules import Invalid, sip_uri
 from config.settings import TRANSFER_MODES
+from config.tenants import DEFAULT_TENANT
 from session.durable import DurableSession
+from session.resume import ResumeRecord, issue
 from session.state import TERMINAL_STATES
-from session.store import SessionStore, SessionSummary
+from session.store import SessionFinished, SessionStore, SessionSummary
 from voicegate.call.legs import PlaceRefused
+from voicegate.control.auth import ACCESS, Access, authenticate, foreign, scope
 from voicegate.control.handoff import handoff
 from voicegate.control.http_rules import json_error, json_object, new_app
 from voicegate.control.status_page import status_page
@@ -34,6 +38,13 @@ class SessionsView(Protocol):
         ...
 
     def is_live(self, session_id: str) -> bool: ...
+
+    @property
+    def resume_ttl_s(self) -> float: ...
+
+    async def record_resume(self, record: ResumeRecord) -> None:
+        """Store a new resume handle's record (a write: off the event loop) and count it."""
+        ...
 
 
 RUNTIME = web.AppKey("runtime", Runtime)
@@ -71,7 +82,9 @@ def prometheus_response(payload: bytes) -> web.Response:
 
 async def list_calls(request: web.Request) -> web.Response:
     runtime = request.app[RUNTIME]
-    return web.json_response({"calls": runtime.live_calls()})
+    tenant = scope(request)
+    calls = [c for c in runtime.live_calls() if tenant is None or c["tenant"] == tenant]
+    return web.json_response({"calls": calls})
 
 
 async def get_call(request: web.Request) -> web.Response:
@@ -81,6 +94,9 @@ async def get_call(request: web.Request) -> web.Response:
     summary = runtime.store.get(call_id)
     if live is None and summary is None:
         return json_error(404, "no such call", call_id=call_id)
+    owner = live.tenant if live is not None else summary.tenant if summary else DEFAULT_TENANT
+    if refusal := foreign(request, owner, call_id=call_id):
+        return refusal
     return web.json_response(
         {
             "call_id": call_id,
@@ -94,6 +110,9 @@ async def hangup_call(request: web.Request) -> web.Response:
     """An operator ends a live call: the caller gets a BYE, the session ends ``canceled``."""
     runtime = request.app[RUNTIME]
     call_id = request.match_info["call_id"]
+    live = runtime.calls.get(call_id)
+    if live is not None and (refusal := foreign(request, live.tenant, call_id=call_id)):
+        return refusal
     if not runtime.hang_up(call_id, "hung up by operator"):
         return json_error(404, "no such live call here", call_id=call_id)
     return web.json_response({"call_id": call_id, "hanging_up": True}, status=202)
@@ -123,7 +142,8 @@ async def place_call(request: web.Request) -> web.Response:
     body = await read_placement(request)
     if isinstance(body, web.Response):
         return body
-    placed = await runtime.place_call(body["target"])
+    # The call is the key's tenant's: its agent answers and only its keys see the session.
+    placed = await runtime.place_call(body["target"], tenant=scope(request) or DEFAULT_TENANT)
     if isinstance(placed, PlaceRefused):
         extra: dict[str, object] = {}
         if placed.status == 403:
@@ -173,10 +193,14 @@ async def transfer_call(request: web.Request) -> web.Response:
     outcome is the session's (``/v1/sessions/{id}``)."""
     runtime = request.app[RUNTIME]
     call_id = request.match_info["call_id"]
+    live = runtime.calls.get(call_id)
+    if live is not None and (refusal := foreign(request, live.tenant, call_id=call_id)):
+        return refusal
     body = await read_transfer(request)
     if isinstance(body, web.Response):
         return body
     refused = runtime.transfer(call_id, body["target"], body.get("mode"))
+    transfer = runtime.transfer_for(live.tenant if live is not None else DEFAULT_TENANT)
     if refused is not None:
         return json_error(
             refused.status,
@@ -184,7 +208,7 @@ async def transfer_call(request: web.Request) -> web.Response:
             field=refused.field,
             call_id=call_id,
             **(
-                {"allowed_targets": list(runtime.transfer_settings.allowed_targets)}
+                {"allowed_targets": list(transfer.allowed_targets)}
                 if refused.status == 403
                 else {}
             ),
@@ -194,7 +218,7 @@ async def transfer_call(request: web.Request) -> web.Response:
             "call_id": call_id,
             "transferring": True,
             "target": body["target"],
-            "mode": body.get("mode", runtime.transfer_settings.default_mode),
+            "mode": body.get("mode", transfer.default_mode),
             "session": f"/v1/sessions/{call_id}",
         },
         status=202,
@@ -204,6 +228,7 @@ async def transfer_call(request: web.Request) -> web.Response:
 def _summary_json(summary: SessionSummary) -> dict[str, object]:
     return {
         "session_id": summary.session_id,
+        "tenant": summary.tenant,
         "created_at": summary.created_at,
         "updated_at": summary.updated_at,
         "owner": summary.owner,
@@ -263,6 +288,7 @@ async def list_sessions(request: web.Request) -> web.Response:
             open_only=open_only,
             limit=int(raw_limit),
             cursor=query.get("cursor"),
+            tenant=scope(request),
         )
     except ValueError:
         return json_error(
@@ -284,6 +310,8 @@ async def get_session(request: web.Request) -> web.Response:
     summary = view.store.get(session_id)
     if summary is None:
         return json_error(404, "no such session", session_id=session_id)
+    if refusal := foreign(request, summary.tenant, session_id=session_id):
+        return refusal
     if summary.terminal_state is None:
         await view.reap()  # seed 004: a dead process's session is finalised when it is read
     session = DurableSession.load(view.store, session_id)
@@ -357,17 +385,48 @@ async def get_handoff(request: web.Request) -> web.Response:
     """What a person taking the call over needs (voicegate/control/handoff.py)."""
     view = request.app[SESSIONS]
     session_id = request.match_info["session_id"]
-    if view.store.get(session_id) is None:
+    summary = view.store.get(session_id)
+    if summary is None:
         return json_error(404, "no such session", session_id=session_id)
+    if refusal := foreign(request, summary.tenant, session_id=session_id):
+        return refusal
     body = handoff(view.store, session_id, live=view.is_live(session_id))
     if body is None:
         return json_error(404, "no such session", session_id=session_id)
     return web.json_response(body)
 
 
+async def new_resume_handle(request: web.Request) -> web.Response:
+    """A new resume handle for an open session of the key's tenant (docs/tenants.md): it
+    supersedes the session's previous one and is shown here once; only its digest is kept."""
+    view = request.app[SESSIONS]
+    session_id = request.match_info["session_id"]
+    summary = view.store.get(session_id)
+    if summary is None:
+        return json_error(404, "no such session", session_id=session_id)
+    if refusal := foreign(request, summary.tenant, session_id=session_id):
+        return refusal
+    handle = issue(session_id, summary.tenant, now=time.time(), ttl_s=view.resume_ttl_s)
+    try:
+        await view.record_resume(handle.record)
+    except SessionFinished:
+        return json_error(409, "the session has ended: it cannot be resumed", session_id=session_id)
+    return web.json_response(
+        {
+            "session_id": session_id,
+            "resume_handle": handle.text,
+            "expires_at": handle.record.expires_at,
+        },
+        status=201,
+    )
+
+
 def make_app(runtime: Runtime) -> web.Application:
     """One process's control plane (docs/openapi.yaml; the rules of http_rules.py)."""
-    app = new_app()
+    app = new_app(authenticate)
+    app[ACCESS] = Access(
+        runtime.tenants, runtime.settings.http.metrics_keys, runtime.metrics.api_refused
+    )
     app[RUNTIME] = runtime
     # No HEAD twins (aiohttp adds one to each GET by default): the API is what the document
     # says, and a method it does not list gets a JSON 405.
@@ -389,3 +448,4 @@ def add_sessions_routes(app: web.Application, view: SessionsView) -> None:
     app.router.add_get("/v1/sessions", list_sessions, allow_head=False)
     app.router.add_get("/v1/sessions/{session_id}", get_session, allow_head=False)
     app.router.add_get("/v1/sessions/{session_id}/handoff", get_handoff, allow_head=False)
+    app.router.add_post("/v1/sessions/{session_id}/resume", new_resume_handle)

@@ -19,6 +19,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 log = logging.getLogger("voicegate.control")
 
@@ -120,9 +121,14 @@ async def strict_json(request: web.Request, handler: Handler) -> web.StreamRespo
         return json_error(500, "internal error")
 
 
-def new_app() -> web.Application:
-    """An empty control-plane app with :func:`strict_json` and the body limit."""
-    return web.Application(middlewares=[strict_json], client_max_size=CLIENT_MAX_SIZE)
+def new_app(authenticate: Middleware | None = None) -> web.Application:
+    """An empty control-plane app with :func:`strict_json` and the body limit, behind
+    ``authenticate`` when given (voicegate/control/auth.py: keys are checked before anything
+    else is said about a request)."""
+    middlewares: list[Middleware] = [strict_json]
+    if authenticate is not None:
+        middlewares.insert(0, authenticate)
+    return web.Application(middlewares=middlewares, client_max_size=CLIENT_MAX_SIZE)
 
 
 def app_runner(

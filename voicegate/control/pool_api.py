@@ -15,6 +15,8 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest, multiprocess
 
+from config.tenant_loader import tenants_of
+from voicegate.control.auth import ACCESS, Access, authenticate, foreign
 from voicegate.control.http_api import (
     add_sessions_routes,
     prometheus_response,
@@ -69,12 +71,27 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def _ask(
-    sup: Supervisor, worker: Worker, method: str, path: str, body: object = None
+    sup: Supervisor,
+    worker: Worker,
+    method: str,
+    path: str,
+    body: object = None,
+    *,
+    on_behalf: web.Request | None = None,
 ) -> tuple[int, object] | None:
-    """One request to a worker's control port (``body`` as JSON); None if it does not answer."""
+    """One request to a worker's control port (``body`` as JSON); None if it does not answer.
+
+    ``on_behalf``: the request being served, whose key goes along (the worker holds the same
+    keys and answers for that tenant only)."""
+    auth = on_behalf.headers.get("Authorization") if on_behalf is not None else None
+    headers = {"Authorization": auth} if auth else None
     try:
         async with sup.http().request(
-            method, worker.slot.control_url + path, json=body, timeout=_WORKER_TIMEOUT
+            method,
+            worker.slot.control_url + path,
+            json=body,
+            headers=headers,
+            timeout=_WORKER_TIMEOUT,
         ) as resp:
             return resp.status, await resp.json()
     except (aiohttp.ClientError, TimeoutError, ValueError):
@@ -84,7 +101,9 @@ async def _ask(
 async def list_calls(request: web.Request) -> web.Response:
     sup = request.app[SUPERVISOR]
     alive = [w for w in sup.workers if w.pid is not None]
-    answers = await asyncio.gather(*(_ask(sup, w, "GET", "/v1/calls") for w in alive))
+    answers = await asyncio.gather(
+        *(_ask(sup, w, "GET", "/v1/calls", on_behalf=request) for w in alive)
+    )
     calls: list[object] = []
     unreachable = []
     for worker, answer in zip(alive, answers, strict=True):
@@ -97,10 +116,14 @@ async def list_calls(request: web.Request) -> web.Response:
     return web.json_response({"calls": calls, "unreachable_workers": unreachable})
 
 
-def _owning_worker(sup: Supervisor, call_id: str) -> tuple[Worker | None, web.Response | None]:
+def _owning_worker(
+    request: web.Request, sup: Supervisor, call_id: str
+) -> tuple[Worker | None, web.Response | None]:
     summary = sup.store.get(call_id)
     if summary is None:
         return None, json_error(404, "no such call", call_id=call_id)
+    if refusal := foreign(request, summary.tenant, call_id=call_id):
+        return None, refusal
     worker = sup.worker_of(summary.owner)
     if summary.terminal_state is not None or worker is None:
         return None, json_error(
@@ -119,10 +142,12 @@ async def get_call(request: web.Request) -> web.Response:
     summary = sup.store.get(call_id)
     if summary is None:
         return json_error(404, "no such call", call_id=call_id)
+    if refusal := foreign(request, summary.tenant, call_id=call_id):
+        return refusal
     worker = sup.worker_of(summary.owner)
     live = None
     if worker is not None and summary.terminal_state is None:
-        answer = await _ask(sup, worker, "GET", f"/v1/calls/{call_id}")
+        answer = await _ask(sup, worker, "GET", f"/v1/calls/{call_id}", on_behalf=request)
         if answer is not None and answer[0] == 200 and isinstance(answer[1], dict):
             live = answer[1].get("live")
     return web.json_response(
@@ -160,7 +185,7 @@ async def place_call(request: web.Request) -> web.Response:
     for worker in sup.workers:
         if worker.state is not WorkerState.READY:
             continue
-        answer = await _ask(sup, worker, "POST", "/v1/calls", body)
+        answer = await _ask(sup, worker, "POST", "/v1/calls", body, on_behalf=request)
         if answer is None:
             full.append({"worker": worker.slot.name, "answer": "did not answer"})
             continue
@@ -183,11 +208,13 @@ async def _forward(request: web.Request, action: str, body: object = None) -> we
     """A per-call command, sent to the worker that owns the call's session."""
     sup = request.app[SUPERVISOR]
     call_id = request.match_info["call_id"]
-    worker, refusal = _owning_worker(sup, call_id)
+    worker, refusal = _owning_worker(request, sup, call_id)
     if refusal is not None:
         return refusal
     assert worker is not None
-    answer = await _ask(sup, worker, "POST", f"/v1/calls/{call_id}/{action}", body)
+    answer = await _ask(
+        sup, worker, "POST", f"/v1/calls/{call_id}/{action}", body, on_behalf=request
+    )
     if answer is None:
         return json_error(502, "the call's worker did not answer", worker=worker.slot.name)
     status, body = answer
@@ -198,7 +225,12 @@ async def _forward(request: web.Request, action: str, body: object = None) -> we
 
 def make_pool_app(supervisor: Supervisor) -> web.Application:
     """The pool's control plane: the routes of one process's, and ``/v1/pool``."""
-    app = new_app()
+    app = new_app(authenticate)
+    app[ACCESS] = Access(
+        tenants_of(supervisor.settings),
+        supervisor.settings.http.metrics_keys,
+        supervisor.metrics.api_refused,
+    )
     app[SUPERVISOR] = supervisor
     app.router.add_get("/healthz", healthz, allow_head=False)
     app.router.add_get("/readyz", readyz, allow_head=False)

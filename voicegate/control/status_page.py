@@ -73,8 +73,13 @@ _PAGE = """<!doctype html>
 const REFRESH_MS = __REFRESH_MS__;
 const DETAIL_LIMIT = __DETAIL_LIMIT__;
 
+// With API keys configured, open the page as /status#key=<key>: a URL fragment never leaves the
+// browser, so the key is in no request line and no server log (docs/api.md).
+const KEY = new URLSearchParams(location.hash.slice(1)).get("key");
+const HEADERS = KEY ? {"Authorization": "Bearer " + KEY} : {};
+
 async function getJson(path) {
-  const response = await fetch(path, {cache: "no-store"});
+  const response = await fetch(path, {cache: "no-store", headers: HEADERS});
   if (response.status === 404 && path === "/v1/pool") return null;  // a single process
   if (!response.ok) throw new Error(path + " answered " + response.status);
   return response.json();

@@ -21,6 +21,10 @@ from prometheus_client import (
 from agents.base import AGENT_CALLS, RESPONSE_ENDINGS
 from session.vocabulary import Interruption, LegOutcome, Outcome, RecoveryOutcome, Terminal
 
+# Why the control API refused a request (voicegate/control/auth.py); a closed vocabulary.
+API_REFUSAL_REASONS = ("missing_key", "wrong_key", "other_tenant", "metrics_off")
+# Why a resume handle was issued (voicegate/call/resume.py, the sessions API).
+RESUME_ISSUE_REASONS = ("start", "transfer", "api")
 # Transfers (voicegate/call/transfer.py, bridge.py): how each one ended, per mode, and
 # the class of each NOTIFY sipfrag status (or REFER refusal) it got; closed vocabularies.
 TRANSFER_MODES = ("blind", "bridge", "attended")
@@ -316,6 +320,23 @@ class Metrics:
         )
         for leg_outcome in LegOutcome:
             self.outbound_calls.labels(leg_outcome.value)
+        self.api_refused = Counter(
+            "voicegate_api_requests_refused_total",
+            "Control API requests refused before their handler: missing_key, wrong_key (401), "
+            "other_tenant, metrics_off (403)",
+            ["reason"],
+            registry=r,
+        )
+        for reason in API_REFUSAL_REASONS:
+            self.api_refused.labels(reason)
+        self.resume_issued = Counter(
+            "voicegate_resume_handles_issued_total",
+            "Resume handles issued: when a session starts, on a transfer, or to the tenant's API",
+            ["reason"],
+            registry=r,
+        )
+        for reason in RESUME_ISSUE_REASONS:
+            self.resume_issued.labels(reason)
         for mode in TRANSFER_MODES:
             for transfer_outcome in TRANSFER_OUTCOMES:
                 self.transfers.labels(mode, transfer_outcome)

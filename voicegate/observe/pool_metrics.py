@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollecto
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from voicegate.observe.metrics import API_REFUSAL_REASONS
 from voicegate.pool.kamailio_config import (
     STAT_BAD_OFFER,
     STAT_FAILOVERS,
@@ -51,6 +52,20 @@ class PoolMetrics:
             "voicegate_pool_sessions_reaped_total",
             "Stale sessions the supervisor finalised when they were read (as failed, stage "
             "process); workers count their own in voicegate_sessions_reaped_total",
+            registry=r,
+        )
+        self.api_refused = Counter(
+            "voicegate_pool_api_requests_refused_total",
+            "Requests the supervisor's API refused (the reasons of "
+            "voicegate_api_requests_refused_total, which counts the workers' own)",
+            ["reason"],
+            registry=r,
+        )
+        for reason in API_REFUSAL_REASONS:
+            self.api_refused.labels(reason)
+        self.resume_issued = Counter(
+            "voicegate_pool_resume_handles_issued_total",
+            "Resume handles the supervisor's API issued (POST /v1/sessions/{id}/resume)",
             registry=r,
         )
         self.front_door_up = Gauge(

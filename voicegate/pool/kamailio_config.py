@@ -219,6 +219,10 @@ request_route {{
         exit;
     }}
     remove_hf("Route");
+    # The workers see only this front door: it names the caller's own source address, which
+    # picks the tenant owning the trunk (config/tenants.py). A caller's own is never passed on.
+    remove_hf("X-Voicegate-Source");
+    append_hf("X-Voicegate-Source: $si\r\n");
     record_route();
     if (!ds_select_dst("{DISPATCHER_SET}", "4")) {{
         update_stat("{STAT_NO_WORKER}", "+1");

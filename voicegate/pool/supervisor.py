@@ -34,6 +34,7 @@ from prometheus_client import multiprocess
 from config import Settings
 from config.workers import WorkerSlot, worker_slots
 from session.reaper import reap_stale
+from session.resume import ResumeRecord
 from session.store import SessionStore
 from session.store.sqlite import SqliteSessionStore
 from session.store.writer import StoreWriter
@@ -377,6 +378,15 @@ class Supervisor:
                     await self.front.set_worker(worker.slot.sip_uri, "ip")
 
     # --- the control plane's view ---------------------------------------------------------------
+
+    @property
+    def resume_ttl_s(self) -> float:
+        return self.settings.session.resume_ttl_s
+
+    async def record_resume(self, record: ResumeRecord) -> None:
+        assert self._writer is not None
+        await asyncio.wrap_future(self._writer.submit(lambda store: store.record_handle(record)))
+        self.metrics.resume_issued.inc()
 
     async def reap(self) -> list[str]:
         """Finalise sessions whose process is gone, on the writer thread (off the loop)."""
