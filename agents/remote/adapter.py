@@ -23,10 +23,21 @@ import hashlib
 import json
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from agents.base import Agent, CallContext, CallControl, MarkOutcome, Response, ToolResult
+from agents.base import (
+    CUT_BY_CALLER,
+    Agent,
+    CallContext,
+    CallControl,
+    GateChange,
+    MarkOutcome,
+    PlaybackCut,
+    Response,
+    ToolResult,
+    TransferUpdate,
+)
 from agents.remote.link import Link, LinkConfig
 from agents.remote.protocol import VERSION, Codec, ProtocolError, encode_caller_audio
 from audio.frame import Frame
@@ -56,11 +67,9 @@ class _ToolCall:
 
 @dataclass(slots=True)
 class _Remote:
-    """One of the agent's responses: its handle and the marks still waiting for an outcome."""
+    """One of the agent's responses: its handle."""
 
     handle: Response
-    marks: list[str] = field(default_factory=list)
-    reported: bool = False  # playback.interrupted sent
 
 
 class RemoteAgentFactory:
@@ -86,7 +95,7 @@ class RemoteAgent(Agent):
         self._task: asyncio.Task[None] | None = None
         self._responses: dict[str, _Remote] = {}  # the agent's response id -> its handle
         self._ids: dict[str, str] = {}  # voicegate's response id -> the agent's
-        self._canceled: set[str] = set()
+        self._last_cut: dict[str, Any] | None = None  # what the caller heard of the last cut
         self._tools: dict[str, _ToolCall] = {}  # the agent's call id -> its request
         self._by_key: dict[str, str] = {}  # idempotency key -> the agent's call id
         self._gap: tuple[int, int] | None = None  # (first timestamp missed, samples missed)
@@ -141,28 +150,42 @@ class RemoteAgent(Agent):
         self._speaking = False
         self.link.send({"type": "speech.stopped", "duration_ms": duration_ms})
 
-    async def on_response_interrupted(self, heard_ms: int) -> None:
-        # The notice comes after the cut, maybe after the agent started its next response: the
-        # response it is about is the last one cut and not yet reported.
-        cut = [
-            rid
-            for rid, remote in self._responses.items()
-            if remote.handle.ended in ("interrupted", "canceled") and not remote.reported
-        ]
-        if not cut:
+    async def on_playback_cut(self, cut: PlaybackCut) -> None:
+        # A cut by the caller or the agent is an interruption; one the session made (lost
+        # media, a transfer, the link, a timeout, the end) is a clear. Both say what was heard.
+        rid = self._ids.get(cut.response_id)
+        if rid is None:
             return
-        rid = cut[-1]
-        remote = self._responses[rid]
-        remote.reported = True
-        reason = "canceled" if rid in self._canceled else "barge_in"
+        self._last_cut = {"response_id": rid, "heard_ms": cut.heard_ms}
+        by_caller = cut.reason in CUT_BY_CALLER
+        kind = {"type": "playback.interrupted"} if by_caller else {"type": "playback.cleared"}
         self.link.send(
             {
-                "type": "playback.interrupted",
+                **kind,
                 "response_id": rid,
-                "heard_ms": heard_ms,
-                "marks_cleared": list(remote.marks),
-                "reason": reason,
+                "generation": cut.generation,
+                "heard_ms": cut.heard_ms,
+                "marks_cleared": list(cut.marks_cleared),
+                "reason": cut.reason,
             }
+        )
+
+    async def on_gate(self, change: GateChange) -> None:
+        self.link.send(
+            {
+                "type": "gate",
+                "state": change.state,
+                "previous": change.previous,
+                "reason": change.reason[:300],
+            }
+        )
+
+    async def on_transfer(self, update: TransferUpdate) -> None:
+        self._transfer_progress(update.state, update.status, update.detail)
+
+    def _transfer_progress(self, state: str, status: int = 0, detail: str = "") -> None:
+        self.link.send(
+            {"type": "transfer.progress", "state": state, "status": status, "detail": detail[:300]}
         )
 
     async def on_interrupted(self, interruption: str) -> None:
@@ -178,9 +201,6 @@ class RemoteAgent(Agent):
         rid = self._ids.get(mark.response_id)
         if rid is None:
             return
-        remote = self._responses[rid]
-        if mark.mark_id in remote.marks:
-            remote.marks.remove(mark.mark_id)
         self.link.send(
             {
                 "type": "mark.outcome",
@@ -233,6 +253,12 @@ class RemoteAgent(Agent):
         if resumed:
             self.call.call_soon(self.call.link_restored)
 
+    def resume_fields(self) -> dict[str, Any]:
+        """What ``session.resume`` tells besides the token: the response the drop (or an earlier
+        cut) ended and how much of it the caller heard, so an agent that lost its own record
+        still knows where the caller is."""
+        return {"last_heard": self._last_cut}
+
     def buffered_ms(self) -> int:
         return self.call.queued_ms
 
@@ -279,13 +305,14 @@ class RemoteAgent(Agent):
             case "response.done":
                 self._remote(message).handle.done()
             case "response.cancel":
-                rid = message["response_id"]
-                self._canceled.add(rid)
                 self._remote(message).handle.cancel()
             case "mark":
-                remote = self._remote(message)
-                remote.marks.append(message["mark_id"])
-                remote.handle.mark(message["mark_id"])
+                self._remote(message).handle.mark(message["mark_id"])
+            case "transfer":
+                refused = self.call.transfer(message.get("target"), mode=message.get("mode"))
+                if refused is not None:
+                    # Nothing changed: the agent hears why (the target is not repeated).
+                    self._transfer_progress("refused", 0, refused)
             case "tool.call":
                 self._tool_call(message)
             case "hangup":

@@ -79,6 +79,10 @@ class LinkOwner(Protocol):
         """Response audio queued ahead of the caller (flow control, in pong)."""
         ...
 
+    def resume_fields(self) -> dict[str, Any]:
+        """Fields ``session.resume`` carries besides the session id and the token."""
+        ...
+
     def link_down(self) -> None: ...
 
     def link_gone(self, reason: str) -> None: ...
@@ -293,6 +297,7 @@ class Link:
                         "type": "session.resume",
                         "session_id": self.session_id,
                         "resume_token": self._resume_token,
+                        **self.owner.resume_fields(),
                     },
                     self.inbox.seq,
                 )

@@ -41,6 +41,9 @@ SENDS: Final = frozenset(
         "dtmf",
         "mark.outcome",
         "playback.interrupted",
+        "playback.cleared",
+        "gate",
+        "transfer.progress",
         "output.stop",
         "tool.result",
         "media.lost",
@@ -63,12 +66,31 @@ ACCEPTS: Final = frozenset(
         "mark",
         "tool.call",
         "hangup",
+        "transfer",
         "session.end",
         "error",
         "ping",
         "pong",
         "ack",
     }
+)
+# The codes of ``error`` (docs/agent-protocol.md, "Errors"): a closed vocabulary, the label of
+# voicegate_agent_protocol_errors_total.
+ERROR_CODES: Final = (
+    "bad_json",
+    "schema",
+    "unknown_type",
+    "too_large",
+    "flood",
+    "seq_gap",
+    "unknown_response",
+    "response_refused",
+    "playout_full",
+    "bad_frame",
+    "handshake",
+    "resume_refused",
+    "replay_overflow",
+    "internal",
 )
 MAX_TEXT_BYTES: Final = 64 * 1024
 MAX_BINARY_BYTES: Final = 64 * 1024

@@ -6,10 +6,10 @@ DTMF, calls the ``charge`` tool, and resumes after a dropped socket (replaying w
 not acked, asking again for a tool result it never got: voicegate answers with the original
 outcome, never a second charge).
 
-Keys: 1 pays 5.00 through the charge tool, 5 plays an 8 s tone, 9 says goodbye and hangs up, any
-other key is read back. ``POST /admin/drop`` closes every live socket (try a resume by hand);
-``?keep_streaming=1`` also keeps streaming the cut response after the resume, to show that
-voicegate drops it.
+Keys: 1 pays 5.00 through the charge tool, 5 plays an 8 s tone, 9 says goodbye and hangs up, 0
+asks voicegate to transfer the caller (to transfer.default_target), any other key is read back.
+``POST /admin/drop`` closes every live socket (try a resume by hand); ``?keep_streaming=1`` also
+keeps streaming the cut response after the resume, to show that voicegate drops it.
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ log = logging.getLogger("example_agent")
 PROMPTS = Path(__file__).resolve().parents[2] / "agents" / "prompts"
 CHUNK_MS = 20
 LEAD_MS = 200  # stream at most this far ahead of real time (voicegate refuses past its maximum)
+# What the call is doing: logged whole (they hold no digit); other messages by type only.
+SHOWN = ("gate", "playback.cleared", "playback.interrupted", "transfer.progress")
 
 
 def verify(secret: str, token: str, audience: str) -> str | None:
@@ -202,19 +204,9 @@ class Agent:
                         }
                     )
             return s
-        await ws.send_str(
-            json.dumps(
-                {
-                    "type": "error",
-                    "seq": 0,
-                    "ack": 0,
-                    "fatal": True,
-                    "code": "resume_refused" if known else "handshake",
-                    "ref_seq": None,
-                    "detail": "unknown session or token",
-                }
-            )
-        )
+        code = "resume_refused" if known else "handshake"
+        error = {"type": "error", "seq": 0, "ack": 0, "fatal": True, "code": code, "ref_seq": None}
+        await ws.send_str(json.dumps({**error, "detail": "unknown session or token"}))
         return None
 
     def charge(self, s: Session) -> dict[str, Any]:
@@ -223,7 +215,7 @@ class Agent:
     async def handle(self, s: Session, m: dict[str, Any]) -> None:
         s.unacked = [u for u in s.unacked if u["seq"] > m["ack"]]
         kind, sent = m["type"], s.seq
-        log.info("%s seq=%s ack=%s", kind, m["seq"], m["ack"])  # types only: never a digit
+        log.info("%s %s", kind, json.dumps(m) if kind in SHOWN else f"seq={m['seq']}")
         if kind in ("ping", "pong", "ack", "session.resume"):
             if kind == "ping":
                 await s.send({"type": "pong", "id": m["id"]}, link=True)
@@ -266,6 +258,8 @@ class Agent:
             s.say(s.tone(8.0), mark="tone")
         elif digit == "9":
             s.say(s.prompt("goodbye"), then_hangup="caller pressed 9")
+        elif digit == "0":
+            await s.send({"type": "transfer"})
         else:
             name = {"*": "star", "#": "hash"}.get(digit, digit)
             s.say(s.prompt(f"digit_{name}"))

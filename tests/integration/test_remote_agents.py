@@ -140,6 +140,16 @@ def agent_log(agent: ExampleAgent) -> str:
     return (agent.data_dir / "agent.log").read_text(errors="replace")
 
 
+def agent_told(agent: ExampleAgent) -> list[dict[str, Any]]:
+    """The call-state messages the example agent received (it logs those whole)."""
+    found = []
+    for line in agent_log(agent).splitlines():
+        _, _, rest = line.partition(" {")
+        if rest:
+            found.append(json.loads("{" + rest))
+    return found
+
+
 def session_events(server: Server) -> list[dict[str, Any]]:
     sessions = server.sessions()
     assert len(sessions) <= 1
@@ -182,6 +192,26 @@ def test_a_link_dropped_during_a_response_never_lets_the_old_response_reach_the_
     assert server.metric("voicegate_agent_link_resumes_total", result="resumed") == 1
     # The agent did keep streaming: its chunks were dropped, counted, never played.
     assert server.metric("voicegate_agent_chunks_dropped_total", reason="dead_response") > 0
+
+    # The agent was told what the drop did, once the link was back (replayed): the tone was
+    # cleared by the session (not barged into) after what the caller had heard of it, and the
+    # gate froze for the link and opened again.
+    told = agent_told(agent)
+    (cleared,) = [m for m in told if m["type"] == "playback.cleared"]
+    assert (cleared["response_id"], cleared["reason"]) == ("a2", "agent_link")
+    # heard_ms is what left in RTP: the tone's frames before the cut, 20 ms each.
+    heard_on_wire = 20 * len([p for p in sent if p.at < cut and tone(p)])
+    assert abs(cleared["heard_ms"] - heard_on_wire) <= 100, (cleared, heard_on_wire)
+    assert cleared["generation"] >= 1
+    # The key 5 had cut the greeting: that one was the caller's doing.
+    interrupted = [m for m in told if m["type"] == "playback.interrupted"]
+    assert [(m["response_id"], m["reason"]) for m in interrupted] == [("a1", "barge_in")]
+    gates = [(m["previous"], m["state"], m["reason"]) for m in told if m["type"] == "gate"]
+    assert gates == [
+        ("open", "frozen", "agent_link"),
+        ("frozen", "open", "recovered"),
+        ("open", "closed", "caller pressed 9"),  # the session ends: nothing runs any more
+    ]
 
 
 def test_a_link_dropped_during_a_tool_call_resumes_with_exactly_one_execution(
@@ -234,3 +264,29 @@ def test_a_link_that_never_comes_back_ends_the_call_failed_with_the_caller_told(
     says = [x["prompt"] for e in session_events(server) for x in e["effects"] if x["kind"] == "say"]
     assert "technical_problem" in says, says
     assert server.metric("voicegate_agent_link_resumes_total", result="failed") == 1
+
+
+def test_an_agent_asks_for_a_transfer_and_hears_its_progress(
+    server_factory: ServerFactory, agent: ExampleAgent, tmp_path: Path
+) -> None:
+    server = server_factory(
+        **agent.env(),
+        VOICEGATE_TRANSFER_ALLOWED_TARGETS="sip:*@cc.example.com",
+        VOICEGATE_TRANSFER_DEFAULT_TARGET="sip:desk@cc.example.com",
+    )
+    # The caller presses 0: the agent sends {"type": "transfer"}; the leg accepts the REFER and
+    # NOTIFYs 100 then 200, and our BYE follows the final one.
+    sipp = Sipp("uac-transfer-blind.xml", server.sip_target, tmp_path)
+    assert sipp.run() == 0, sipp.errors()
+    end = ended(server)
+    assert (end["terminal_state"], end["reason"]) == ("completed", "transferred")
+    told = agent_told(agent)
+    progress = [(m["state"], m["status"]) for m in told if m["type"] == "transfer.progress"]
+    assert progress[0] == ("started", 0) and progress[-1] == ("completed", 200), progress
+    assert {state for state, _ in progress[1:-1]} <= {"trying"}
+    # The transfer froze the gate and cleared the greeting if it still played (by the session).
+    gates = [(m["state"], m["reason"]) for m in told if m["type"] == "gate"]
+    assert gates[0] == ("frozen", "transfer"), gates
+    cleared = [m["reason"] for m in told if m["type"] == "playback.cleared"]
+    assert set(cleared) <= {"transfer", "ending"}, cleared
+    assert server.metric("voicegate_transfers_total", mode="blind", outcome="completed") == 1

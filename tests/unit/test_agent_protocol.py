@@ -19,7 +19,14 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
-from agents.base import CallContext, MarkOutcome, ToolResult
+from agents.base import (
+    CallContext,
+    GateChange,
+    MarkOutcome,
+    PlaybackCut,
+    ToolResult,
+    TransferUpdate,
+)
 from agents.remote import auth
 from agents.remote.adapter import RemoteAgent, remote_settings
 from agents.remote.link import Link, LinkConfig
@@ -347,6 +354,7 @@ class Call:
         self.handles: list[Handle] = []
         self.tools: list[tuple[str, str | None]] = []
         self.hangups: list[str] = []
+        self.transfers: list[str | None] = []
 
     def respond(self) -> Handle:
         self.handles.append(Handle(f"r{len(self.handles) + 1}"))
@@ -369,6 +377,10 @@ class Call:
     def link_restored(self) -> None: ...
 
     def link_failed(self, reason: str) -> None: ...
+
+    def transfer(self, target: str | None = None, *, mode: str | None = None) -> str | None:
+        self.transfers.append(target)
+        return None if target and target.endswith("@example.com") else "target is not allowed"
 
 
 def _agent() -> tuple[RemoteAgent, Call]:
@@ -395,8 +407,13 @@ def _drive(agent: RemoteAgent, call: Call) -> list[dict[str, Any]]:
         _msg(agent, {"type": "response.start", "response_id": "a1"})
         _msg(agent, {"type": "mark", "response_id": "a1", "mark_id": "m1"})
         call.handles[0].ended = "interrupted"
-        await agent.on_response_interrupted(420)
+        await agent.on_playback_cut(PlaybackCut("r1", 1, 420, ("m1",), "barge_in"))
         await agent.on_mark(MarkOutcome("r1", "m1", "cleared"))
+        _msg(agent, {"type": "response.start", "response_id": "a2"})
+        await agent.on_playback_cut(PlaybackCut("r2", 2, 60, (), "agent_link"))
+        await agent.on_gate(GateChange("frozen", "open", "agent_link"))
+        _msg(agent, {"type": "transfer", "target": "sip:desk@example.com"})
+        await agent.on_transfer(TransferUpdate("trying", 100))
         await agent.on_stop()
         await agent.on_interrupted("agent_link")
         await agent.on_resumed("agent_link")
@@ -440,3 +457,46 @@ def test_chunks_for_unknown_or_dead_responses_are_dropped_and_counted() -> None:
     dropped = agent.metrics.agent_chunks_dropped
     assert dropped.labels("dead_response")._value.get() == 1
     assert dropped.labels("unknown_response")._value.get() == 1
+
+
+def test_every_cut_tells_what_was_heard_and_who_cut_it() -> None:
+    agent, _call = _agent()
+    _msg(agent, {"type": "response.start", "response_id": "a1"})
+    _msg(agent, {"type": "response.start", "response_id": "a2"})
+
+    async def cuts() -> None:
+        await agent.on_playback_cut(PlaybackCut("r1", 3, 1160, ("m1", "m2"), "canceled"))
+        await agent.on_playback_cut(PlaybackCut("r2", 4, 40, (), "media"))
+        await agent.on_playback_cut(PlaybackCut("say1", 4, 40, (), "media"))  # not the agent's
+
+    asyncio.run(cuts())
+    sent = agent.link.outbox.replay(0, 0)
+    assert [(m["type"], m["response_id"], m["generation"], m["heard_ms"]) for m in sent] == [
+        ("playback.interrupted", "a1", 3, 1160),
+        ("playback.cleared", "a2", 4, 40),
+    ]
+    assert sent[0]["marks_cleared"] == ["m1", "m2"] and sent[1]["reason"] == "media"
+    for message in sent:
+        validate("to_agent", message)
+    # A resume tells the agent the last cut: where the caller is.
+    assert agent.resume_fields() == {"last_heard": {"response_id": "a2", "heard_ms": 40}}
+
+
+def test_a_transfer_asked_by_the_agent_goes_to_the_call_and_a_refusal_is_told() -> None:
+    agent, call = _agent()
+    _msg(agent, {"type": "transfer", "target": "sip:desk@example.com"})
+    assert agent.link.outbox.replay(0, 0) == []  # under way: progress comes from the call
+    _msg(agent, {"type": "transfer", "target": "sip:other@elsewhere.test", "mode": "blind"})
+    (refused,) = agent.link.outbox.replay(0, 0)
+    assert (refused["type"], refused["state"], refused["detail"]) == (
+        "transfer.progress",
+        "refused",
+        "target is not allowed",
+    )
+    assert call.transfers == ["sip:desk@example.com", "sip:other@elsewhere.test"]
+    for bad in ({"target": "desk"}, {"mode": "attended"}, {"target": "sip:a b@x"}):
+        with pytest.raises(ProtocolError) as caught:
+            Codec("from_agent").decode_text(
+                json.dumps({**bad, "type": "transfer", "seq": 1, "ack": 0})
+            )
+        assert caught.value.code == "schema"

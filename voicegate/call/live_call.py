@@ -103,6 +103,7 @@ class LiveCall:
         self._sip = SipEvents(state, services, steps, self._responses, self._hangup)
         self._notices = AgentNotices(state, self.tools, post)
         self.transfer = CallTransfer(state, services, steps, self._hangup, self._timers, clock)
+        self.transfer.tell = self._notices.tell
         self.control = AgentControl(
             state,
             services,

@@ -15,8 +15,10 @@ the guard, whichever comes first.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from agents.base import TransferUpdate
 from config.settings import TRANSFER_MODES, TransferSettings
 from session import events as sev
 from session.state import Signaling
@@ -70,6 +72,8 @@ class CallTransfer:
         self._handoff: str | None = None  # the human target a handoff went to
         self._handoff_done = False
         hangup.before_bye = self._maybe_hand_off
+        # How the agent hears of the transfer's progress (voicegate/call/notices.py).
+        self.tell: Callable[[TransferUpdate], None] = lambda update: None
 
     @property
     def settings(self) -> TransferSettings:
@@ -129,6 +133,7 @@ class CallTransfer:
             extra={"call_id": self._state.call_id, "target": mask_uri(target), "mode": MODE},
         )
         self._after_durable(lambda: self._send_refer(target))
+        self.tell(TransferUpdate("started"))
         return None
 
     def _after_durable(self, then: object) -> None:
@@ -171,13 +176,16 @@ class CallTransfer:
         if not report.final:
             if report.status == 100 and not self._accepted:
                 self._accepted = True  # the REFER's 2xx (pjsua reports it as 100 Accepted)
-            self._steps.try_apply(sev.TransferProgress(report.status))
+            if self._steps.try_apply(sev.TransferProgress(report.status)):
+                self.tell(TransferUpdate("trying", report.status))
             return
         ok = 200 <= report.status < 300
         if self._steps.try_apply(
             sev.TransferFinished(state.recovery.generation, ok=ok, status=report.status)
         ):
-            metrics.transfers.labels(MODE, self._outcome(report)).inc()
+            outcome = self._outcome(report)
+            metrics.transfers.labels(MODE, outcome).inc()
+            self.tell(TransferUpdate(outcome, report.status))
 
     def _outcome(self, report: ev.TransferStatus) -> str:
         if 200 <= report.status < 300:
@@ -190,6 +198,7 @@ class CallTransfer:
         if was_transferring and state is not None and state.signaling is Signaling.UP:
             self._services.metrics.transfers.labels(MODE, "timed_out").inc()
             log.warning("transfer.timed_out", extra={"call_id": self._state.call_id})
+            self.tell(TransferUpdate("failed", 0, "no final NOTIFY in time"))
 
     def caller_left(self, was_transferring: bool) -> None:
         if was_transferring:

@@ -19,6 +19,7 @@ from prometheus_client import (
 )
 
 from agents.base import AGENT_CALLS, RESPONSE_ENDINGS
+from agents.remote.protocol import ERROR_CODES
 from session.vocabulary import Interruption, Outcome, RecoveryOutcome, Terminal
 
 # Transfers (voicegate/call/transfer.py): how each one ended, per mode (only blind is built), and
@@ -197,7 +198,8 @@ class Metrics:
         )
         self.agent_protocol_errors = Counter(
             "voicegate_agent_protocol_errors_total",
-            "Remote-agent messages refused with an in-band error, by error code",
+            "Remote-agent messages refused with an in-band error, by error code "
+            "(docs/agent-protocol.md, Errors)",
             ["kind"],
             registry=r,
         )
@@ -336,6 +338,8 @@ class Metrics:
             self.agent_replayed_messages.labels(direction)
         for reason in ("unknown_response", "dead_response"):
             self.agent_chunks_dropped.labels(reason)
+        for code in ERROR_CODES:
+            self.agent_protocol_errors.labels(code)
         # The refusals the capacity alert watches (telephony/admission.py).
         self.calls_refused.labels("capacity", "486")
         self.calls_refused.labels("setup_rate", "503")
