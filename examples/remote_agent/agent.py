@@ -9,7 +9,8 @@ outcome, never a second charge).
 Keys: 1 pays 5.00 through the charge tool, 5 plays an 8 s tone, 9 says goodbye and hangs up, 0
 asks voicegate to transfer the caller (to transfer.default_target), any other key is read back.
 ``POST /admin/drop`` closes every live socket (try a resume by hand); ``?keep_streaming=1`` also
-keeps streaming the cut response after the resume, to show that voicegate drops it.
+keeps streaming the cut response after the resume, to show that voicegate drops it; ``?down_s=4``
+refuses new sockets for 4 s (hear voicegate's "reconnecting" line and hold audio).
 """
 
 from __future__ import annotations
@@ -135,12 +136,15 @@ class Agent:
     def __init__(self, secret: str, audience: str) -> None:
         self.secret, self.audience = secret, audience
         self.sessions: dict[str, Session] = {}
+        self.down_until = 0.0  # /admin/drop?down_s=N: refuse sockets (503) until then
 
     async def socket(self, request: web.Request) -> web.StreamResponse:
         auth = request.headers.get("Authorization", "")
         sid = verify(self.secret, auth.removeprefix("Bearer "), self.audience)
         if sid is None:
             return web.Response(status=401, text="bad token\n")
+        if time.monotonic() < self.down_until:
+            return web.Response(status=503, text="down for a while (/admin/drop?down_s)\n")
         ws = web.WebSocketResponse(protocols=("voicegate.agent.v1",), max_msg_size=1 << 17)
         await ws.prepare(request)
         session: Session | None = None
@@ -266,6 +270,7 @@ class Agent:
 
     async def drop(self, request: web.Request) -> web.Response:
         keep = request.query.get("keep_streaming") == "1"
+        self.down_until = time.monotonic() + float(request.query.get("down_s", "0"))
         dropped = 0
         for s in self.sessions.values():
             s.keep_streaming = keep

@@ -78,8 +78,8 @@ class ExampleAgent:
             "VOICEGATE_AGENT_RECONNECT_DEADLINE_S": str(deadline_s),
         }
 
-    def drop(self, keep_streaming: bool = False) -> int:
-        query = "?keep_streaming=1" if keep_streaming else ""
+    def drop(self, keep_streaming: bool = False, down_s: float = 0.0) -> int:
+        query = f"?keep_streaming={int(keep_streaming)}&down_s={down_s}"
         request = urllib.request.Request(
             f"http://{LOOPBACK}:{self.port}/admin/drop{query}", data=b"", method="POST"
         )
@@ -212,6 +212,54 @@ def test_a_link_dropped_during_a_response_never_lets_the_old_response_reach_the_
         ("frozen", "open", "recovered"),
         ("open", "closed", "caller pressed 9"),  # the session ends: nothing runs any more
     ]
+
+
+def hold(packet: RtpPacket) -> bool:
+    """A frame of voicegate's hold pulse (voicegate/call/hold.py): soft, 440 Hz."""
+    return 50 < packet.rms < 600 and abs(packet.peak_hz - 440) <= 60 and packet.peak_share > 0.6
+
+
+def test_a_link_down_for_seconds_gives_silence_then_the_honest_line_then_hold_audio(
+    server_factory: ServerFactory, agent: ExampleAgent, tmp_path: Path
+) -> None:
+    # Seed 004's ladder: under about 2 s nothing; then "one moment, I am reconnecting" and a
+    # quiet pulse until the link is back; then the pulse stops and the call goes on.
+    server = server_factory(**agent.env(deadline_s=8.0))
+    capture = Capture(tmp_path / "rtp.pcap", server.rtp_min, server.rtp_max)
+    try:
+        sipp = Sipp("uac-wait-for-bye.xml", server.sip_target, tmp_path).start()
+        wait_for(lambda: log_events(server, "agent_link.state"), 15, "the link to open")
+        dropped_at = time.time()
+        assert agent.drop(down_s=6.0) == 1  # the agent refuses sockets for 6 s
+        wait_for(lambda: log_events(server, "agent_link.resumed"), 10, "the resume")
+        resumed_seen = time.time()  # at or after the resume
+        time.sleep(1.0)  # the call goes on with its agent for a second (nothing to poll)
+        killed_at = time.time()
+        agent.kill()  # and now for good: the call ends as configured
+        assert sipp.wait() == 0, sipp.errors()
+    finally:
+        packets = capture.stop()
+    end = ended(server)
+    assert (end["terminal_state"], end["stage"]) == ("failed", "agent_link")
+    assert resumed_seen - dropped_at > 5.5
+    ports = range(server.rtp_min, server.rtp_max + 1)
+    sent = [p for p in packets if p.src_port in ports and p.payload_type == 8]
+    # Under two seconds: silence (session.honesty_after_s = 2 s from the loss); the greeting
+    # was cut at the drop.
+    quiet = [p for p in sent if dropped_at + 0.15 < p.at < dropped_at + 1.8]
+    loud = [(round(p.at - dropped_at, 3), round(p.rms)) for p in quiet if p.rms >= 50]
+    assert quiet and not loud, f"heard in the first 2 s (s after the drop, rms): {loud}"
+    # Then the honest line (speech: loud, no single tone), then the pulse until the resume.
+    line = [
+        p for p in sent if dropped_at + 1.8 <= p.at < resumed_seen and p.rms > 300 and not hold(p)
+    ]
+    assert line, "no honest line"
+    pulses = [p for p in sent if line[0].at < p.at < resumed_seen and hold(p)]
+    assert len(pulses) >= 10, f"{len(pulses)} frames of hold audio after the line"
+    assert pulses[0].at > line[-1].at, "the pulse started before the line ended"
+    # Once the link is back the pulse stops (it is fed 200 ms at a time), until the next loss.
+    late = [p for p in sent if resumed_seen + 0.5 < p.at < killed_at + 1.8 and hold(p)]
+    assert late == [], f"{len(late)} frames of hold audio after the resume"
 
 
 def test_a_link_dropped_during_a_tool_call_resumes_with_exactly_one_execution(

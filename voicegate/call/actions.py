@@ -50,6 +50,8 @@ class CallActions:
         # What a session Say plays: the needs_human handoff tells the caller why they are being
         # put through instead of saying goodbye (voicegate/call/transfer.py).
         self._prompt_for = prompt_for
+        # Told each line the session says (voicegate/call/hold.py starts after "reconnecting").
+        self.on_said: Callable[[str], None] = lambda prompt: None
 
     def clear_playout(self, generation: int) -> None:
         channel = self._state.channel
@@ -164,6 +166,7 @@ class CallActions:
 
     def say(self, prompt: str) -> None:
         self._responses.say(self._prompt_for(prompt))
+        self.on_said(prompt)
 
     def notify_agent(self, what: str, detail: str) -> None:
         # Agents are awaited from the call's own task, never from inside a step.

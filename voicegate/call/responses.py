@@ -252,6 +252,13 @@ class Responses:
         channel = self._state.channel
         if channel is None or self._state.phase is not CallPhase.ANSWERED:
             return
+        self.say_audio(self._services.prompt(prompt, channel.rate))
+
+    def say_audio(self, samples: NDArray[np.int16]) -> None:
+        """Audio of the session's own (a line, hold audio) at the call's rate, queued now."""
+        channel = self._state.channel
+        if channel is None or self._state.phase is not CallPhase.ANSWERED:
+            return
         playout = channel.playout
         if self.open and self.response_id is not None:
             # The agent's response in progress ends here: the session speaks now.
@@ -261,5 +268,5 @@ class Responses:
         self._says += 1
         say_id = f"say{self._says}"
         playout.begin(say_id, playout.generation)
-        playout.admit(say_id, playout.generation, self._services.prompt(prompt, channel.rate))
+        playout.admit(say_id, playout.generation, samples)
         playout.finish(say_id)
