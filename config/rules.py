@@ -249,6 +249,31 @@ def directory(*, empty_ok: bool = False) -> Rule:
     return Rule(allowed, check)
 
 
+def existing_file(*, empty_ok: bool = False) -> Rule:
+    """A path to a file that exists, made absolute against the current directory when checked.
+
+    With ``empty_ok`` the empty string means "not set" and checks to None.
+    """
+    allowed = "the path of an existing file (relative to the current directory)"
+    if empty_ok:
+        allowed = "empty, or " + allowed
+
+    def check(value: str | Path | None) -> Path | None:
+        if value is None or value == "":
+            if empty_ok:
+                return None
+            raise _refuse(allowed)
+        text = str(value)
+        if text.startswith("~"):
+            raise Invalid("'~' is not expanded here: give the full path")
+        path = Path(text).resolve()
+        if not path.is_file():
+            raise Invalid(f"no such file: {path}")
+        return path
+
+    return Rule(allowed, check)
+
+
 # A transfer target as a SIP URI written bare: no display name, no <>, no ?headers (voicegate adds
 # its own context headers inside the Refer-To, RFC 3515 section 2.1), no spaces.
 # Printable ASCII only (RFC 3261 section 25.1: anything else in a URI is %-escaped), less the

@@ -23,6 +23,7 @@ from config.rules import (
     choice_list,
     directory,
     empty_or_one_of,
+    existing_file,
     float_range,
     header_text,
     import_path,
@@ -480,6 +481,14 @@ class AgentSettings:
             "closed and the call ends failed at stage agent_link",
         ),
     )
+    ca_file: Path | None = field(
+        default=None,
+        metadata=key(
+            existing_file(empty_ok=True),
+            "With a wss:// url: a PEM file of the CA certificates to trust for the agent's TLS "
+            "certificate (its host name is checked); empty = the system's trust store",
+        ),
+    )
 
 
 TRANSFER_MODES = ("blind",)  # attended and bridge are not built yet (issue 16)
@@ -680,6 +689,13 @@ def cross_check(s: Settings) -> list[CrossProblem]:
             CrossProblem(
                 ("agent.reconnect_deadline_s", "session.recovery_timeout_s"),
                 "reconnect_deadline_s must be below the session's recovery_timeout_s",
+            )
+        )
+    if s.agent.ca_file is not None and not s.agent.url.startswith("wss://"):
+        problems.append(
+            CrossProblem(
+                ("agent.ca_file", "agent.url"),
+                "ca_file is used only with a wss:// url: use wss://, or remove ca_file",
             )
         )
     if s.agent.kind != "python" and s.agent.factory:

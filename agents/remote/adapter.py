@@ -24,6 +24,7 @@ import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from agents.base import (
@@ -38,7 +39,8 @@ from agents.base import (
     ToolResult,
     TransferUpdate,
 )
-from agents.remote.link import Link, LinkConfig
+from agents.remote.dial import LinkConfig, tls_context
+from agents.remote.link import Link
 from agents.remote.protocol import VERSION, Codec, ProtocolError, encode_caller_audio
 from audio.frame import Frame
 from audio.playout import PlayoutFull
@@ -385,12 +387,19 @@ def remote_settings(
     max_protocol_errors: int,
     agent_rate: int,
     playout_max_s: float,
+    ca_file: Path | None = None,
 ) -> RemoteSettings:
-    return RemoteSettings(
-        LinkConfig(url, secret, reconnect_deadline_s, ping_interval_s, max_protocol_errors),
-        agent_rate,
-        round(playout_max_s * 1000),
+    """The remote agent's settings; :class:`~agents.remote.dial.CaFileError` (naming
+    ``agent.ca_file``) if the CA file holds no usable certificate."""
+    link = LinkConfig(
+        url,
+        secret,
+        reconnect_deadline_s,
+        ping_interval_s,
+        max_protocol_errors,
+        tls=tls_context(ca_file),
     )
+    return RemoteSettings(link, agent_rate, round(playout_max_s * 1000))
 
 
 __all__ = ["RemoteAgent", "RemoteAgentFactory", "RemoteSettings", "remote_settings"]

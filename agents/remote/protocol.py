@@ -291,3 +291,46 @@ class ErrorBudget:
         """Count one error; True when the budget is exhausted (close the socket)."""
         self.count += 1
         return self.count >= self.limit
+
+
+MAX_TEXT_PER_S: Final = 200  # a peer sending more JSON messages than this in a second is flooding
+
+
+class FloodGuard:
+    """Text messages per one-second window; past :data:`MAX_TEXT_PER_S` each is refused
+    (``flood``) and spends the error budget, so a flood ends in a close, never a backlog."""
+
+    def __init__(self, limit: int = MAX_TEXT_PER_S) -> None:
+        self.limit = limit
+        self._start = 0.0
+        self._count = 0
+
+    def check(self, now: float) -> None:
+        if now - self._start >= 1.0:
+            self._start, self._count = now, 0
+        self._count += 1
+        if self._count > self.limit:
+            raise ProtocolError("flood", f"more than {self.limit} messages in a second")
+
+
+class RoundTrip:
+    """Our pings and their pongs: the link's round-trip time (only the latest ping counts)."""
+
+    def __init__(self) -> None:
+        self.rtt_ms: float | None = None
+        self._id = 0
+        self._sent: dict[int, float] = {}
+
+    def ping(self, now: float) -> dict[str, Any]:
+        """The next ``ping`` body, sent at ``now``."""
+        self._id += 1
+        self._sent = {self._id: now}
+        return {"type": "ping", "id": self._id}
+
+    def pong(self, ping_id: int, now: float) -> float | None:
+        """The round trip in ms of the ping ``ping_id`` answered at ``now`` (None if stale)."""
+        sent = self._sent.pop(ping_id, None)
+        if sent is None:
+            return None
+        self.rtt_ms = round((now - sent) * 1000, 1)
+        return self.rtt_ms

@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import secrets
+import ssl
 import struct
 import time
 from dataclasses import dataclass, field
@@ -199,22 +200,16 @@ class Agent:
                 await ws.send_str(json.dumps({**u, "ack": s.received}))
             for call_id, result in s.tools.items():
                 if result is None:  # reclaim, don't resend: voicegate answers the original
-                    await s.send(
-                        {
-                            "type": "tool.call",
-                            "call_id": call_id,
-                            "tool": "charge",
-                            "arguments": self.charge(s),
-                        }
-                    )
+                    await self.pay(s, call_id)
             return s
         code = "resume_refused" if known else "handshake"
         error = {"type": "error", "seq": 0, "ack": 0, "fatal": True, "code": code, "ref_seq": None}
         await ws.send_str(json.dumps({**error, "detail": "unknown session or token"}))
         return None
 
-    def charge(self, s: Session) -> dict[str, Any]:
-        return {"amount_cents": 500, "currency": "EUR", "account": f"example-{s.sid[:8]}"}
+    async def pay(self, s: Session, call_id: str) -> None:
+        args = {"amount_cents": 500, "currency": "EUR", "account": f"example-{s.sid[:8]}"}
+        await s.send({"type": "tool.call", "call_id": call_id, "tool": "charge", "arguments": args})
 
     async def handle(self, s: Session, m: dict[str, Any]) -> None:
         s.unacked = [u for u in s.unacked if u["seq"] > m["ack"]]
@@ -249,14 +244,7 @@ class Agent:
         if digit == "1":
             call_id = f"pay-{len(s.tools) + 1}"
             s.tools[call_id] = None
-            await s.send(
-                {
-                    "type": "tool.call",
-                    "call_id": call_id,
-                    "tool": "charge",
-                    "arguments": self.charge(s),
-                }
-            )
+            await self.pay(s, call_id)
             s.say(s.prompt("payment_processing"))
         elif digit == "5":
             s.say(s.tone(8.0), mark="tone")
@@ -284,15 +272,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument("--cert", help="PEM certificate chain (with --key): serve wss://")
+    parser.add_argument("--key", help="PEM private key of --cert")
     args = parser.parse_args()
+    tls = None
+    if args.cert:
+        tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        tls.load_cert_chain(args.cert, args.key)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     secret = os.environ["REMOTE_AGENT_SECRET"]  # the same value as voicegate's agent.secret
-    audience = os.environ.get("REMOTE_AGENT_URL", f"ws://{args.host}:{args.port}/agent")
+    scheme = "wss" if tls else "ws"
+    audience = os.environ.get("REMOTE_AGENT_URL", f"{scheme}://{args.host}:{args.port}/agent")
     agent = Agent(secret, audience)
     app = web.Application()
     app.add_routes([web.get("/agent", agent.socket), web.post("/admin/drop", agent.drop)])
     print(f"listening on {args.host}:{args.port}", flush=True)
-    web.run_app(app, host=args.host, port=args.port, print=None)
+    web.run_app(app, host=args.host, port=args.port, print=None, ssl_context=tls)
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ class ExampleAgent:
     data_dir: Path
     port: int = 0
     process: subprocess.Popen[bytes] | None = None
+    tls: tuple[Path, Path] | None = None  # (certificate chain, key): serve wss://
 
     def start(self) -> ExampleAgent:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -53,9 +54,12 @@ class ExampleAgent:
             "REMOTE_AGENT_URL": self.url,
             "PYTHONPATH": str(ROOT),
         }
+        args = [sys.executable, "-m", "examples.remote_agent", "--port", str(self.port)]
+        if self.tls is not None:
+            args += ["--cert", str(self.tls[0]), "--key", str(self.tls[1])]
         with open(self.data_dir / "agent.log", "ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "examples.remote_agent", "--port", str(self.port)],
+                args,
                 stdout=subprocess.PIPE,
                 stderr=log,
                 cwd=ROOT,
@@ -68,7 +72,7 @@ class ExampleAgent:
 
     @property
     def url(self) -> str:
-        return f"ws://{LOOPBACK}:{self.port}/agent"
+        return f"{'wss' if self.tls else 'ws'}://{LOOPBACK}:{self.port}/agent"
 
     def env(self, deadline_s: float = 3.0) -> dict[str, str]:
         return {
@@ -338,3 +342,51 @@ def test_an_agent_asks_for_a_transfer_and_hears_its_progress(
     cleared = [m["reason"] for m in told if m["type"] == "playback.cleared"]
     assert set(cleared) <= {"transfer", "ending"}, cleared
     assert server.metric("voicegate_transfers_total", mode="blind", outcome="completed") == 1
+
+
+def make_ca_and_certificate(where: Path) -> tuple[Path, Path, Path]:
+    """A throwaway CA and a certificate it signed for 127.0.0.1: (CA, chain, key), PEM."""
+    where.mkdir(parents=True, exist_ok=True)
+    ca, ca_key = where / "ca.pem", where / "ca.key"
+    cert, key, csr, ext = (where / n for n in ("agent.pem", "agent.key", "agent.csr", "ext"))
+    ext.write_text(
+        f"subjectAltName=IP:{LOOPBACK}\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n"
+        "subjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid\n"
+    )
+    ca_ext = ["-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=keyCertSign"]
+    new_key = ["-newkey", "rsa:2048", "-nodes", "-days", "1"]
+    sign = ["-out", cert, "-days", "1", "-extfile", ext]
+    for command in (
+        ["req", "-x509", *new_key, "-keyout", ca_key, "-out", ca, "-subj", "/CN=test CA", *ca_ext],
+        ["req", *new_key[:3], "-keyout", key, "-out", csr, "-subj", f"/CN={LOOPBACK}"],
+        ["x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial", *sign],
+    ):
+        subprocess.run(["openssl", *map(str, command)], check=True, capture_output=True)
+    return ca, cert, key
+
+
+def test_a_wss_agent_answers_with_its_ca_trusted_and_is_never_reached_without_it(
+    server_factory: ServerFactory, tmp_path: Path
+) -> None:
+    ca, cert, key = make_ca_and_certificate(tmp_path / "tls")
+    agent = ExampleAgent(tmp_path / "agent", tls=(cert, key)).start()
+    try:
+        # agent.ca_file trusts the CA that signed the agent's certificate: the call completes.
+        server = server_factory(**agent.env(), VOICEGATE_AGENT_CA_FILE=str(ca))
+        sipp = Sipp("uac-server-hangup.xml", server.sip_target, tmp_path / "trusted")
+        assert sipp.run() == 0, sipp.errors()
+        end = ended(server)
+        assert (end["terminal_state"], end["reason"]) == ("completed", "caller pressed 9")
+        assert [e["new"] for e in log_events(server, "agent_link.state")][:1] == ["open"]
+        # Without it the certificate is not trusted: no link ever opens, the call ends as a
+        # link that never came back (the caller told), and nothing was sent in the clear.
+        untrusting = server_factory("untrusting", **agent.env(deadline_s=1.0))
+        sipp = Sipp("uac-wait-for-bye.xml", untrusting.sip_target, tmp_path / "untrusted")
+        assert sipp.run() == 0, sipp.errors()
+        end = ended(untrusting)
+        assert (end["terminal_state"], end["stage"]) == ("failed", "agent_link")
+        assert "open" not in [e["new"] for e in log_events(untrusting, "agent_link.state")]
+        errors = {e["error"] for e in log_events(untrusting, "agent_link.dial_failed")}
+        assert errors == {"ClientConnectorCertificateError"}, errors
+    finally:
+        agent.stop()
