@@ -143,7 +143,12 @@ class Link:
 
     def _close_and_give_up(self, reason: str) -> None:
         self._give_up_reason = reason
-        self._drop_socket()
+        if self._queue is not None:
+            # What is queued, the last (fatal) error first of all, goes out before the close.
+            self._put(self._queue, ("close", None))
+            self._queue = None
+        else:
+            self._drop_socket()
 
     # --- the task -----------------------------------------------------------------------------
 
@@ -244,11 +249,9 @@ class Link:
         finally:
             self._queue = self._pending = None
             pinger.cancel()
-            if not self._closing:
-                writer.cancel()
-            else:
-                await asyncio.wait({writer}, timeout=2.0)
-                writer.cancel()
+            if self._closing or self._give_up_reason is not None:
+                await asyncio.wait({writer}, timeout=2.0)  # flush: session.end, a last error
+            writer.cancel()
             if not ws.closed:
                 await ws.close()
             self._ws = None
@@ -402,7 +405,8 @@ class Link:
         exhausted = self.budget.spend()
         if exhausted:
             exc.fatal = True
-        self.send(exc.message())
+        if exc.answer or exhausted:
+            self.send(exc.message())
         if exhausted:
             self._close_and_give_up(f"{self.budget.count} protocol errors")
         elif exc.fatal:

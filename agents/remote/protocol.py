@@ -106,14 +106,24 @@ _AGENT_HEADER: Final = struct.Struct("!BBH")
 class ProtocolError(Exception):
     """The peer sent something this side refuses. ``code`` is the error code sent back,
     ``ref_seq`` the refused message's seq (None when unreadable or binary), ``fatal`` whether
-    the socket is closed after the error is sent. ``detail`` never quotes a token or audio."""
+    the socket is closed after the error is sent. ``detail`` never quotes a token or audio.
+    ``answer`` False: counted and charged to the error budget, but no error is sent (the rest
+    of a flood: answering each would invite an ack per error, more flood)."""
 
-    def __init__(self, code: str, detail: str, ref_seq: int | None = None, fatal: bool = False):
+    def __init__(
+        self,
+        code: str,
+        detail: str,
+        ref_seq: int | None = None,
+        fatal: bool = False,
+        answer: bool = True,
+    ):
         super().__init__(f"{code}: {detail}")
         self.code = code
         self.detail = detail
         self.ref_seq = ref_seq
         self.fatal = fatal
+        self.answer = answer
 
     def message(self) -> dict[str, Any]:
         """The ``error`` message body (without seq and ack)."""
@@ -298,7 +308,9 @@ MAX_TEXT_PER_S: Final = 200  # a peer sending more JSON messages than this in a 
 
 class FloodGuard:
     """Text messages per one-second window; past :data:`MAX_TEXT_PER_S` each is refused
-    (``flood``) and spends the error budget, so a flood ends in a close, never a backlog."""
+    (``flood``) and spends the error budget, so a flood ends in a close, never a backlog. Only the
+    first refusal of a window is answered: an agent that acks each error it gets (as it should)
+    would otherwise keep its own flood going."""
 
     def __init__(self, limit: int = MAX_TEXT_PER_S) -> None:
         self.limit = limit
@@ -310,7 +322,11 @@ class FloodGuard:
             self._start, self._count = now, 0
         self._count += 1
         if self._count > self.limit:
-            raise ProtocolError("flood", f"more than {self.limit} messages in a second")
+            raise ProtocolError(
+                "flood",
+                f"more than {self.limit} messages in a second",
+                answer=self._count == self.limit + 1,
+            )
 
 
 class RoundTrip:

@@ -297,7 +297,10 @@ def test_a_flood_is_refused_past_its_rate() -> None:
             json.dumps({"type": "mark", "seq": seq, "ack": 0, "response_id": "a", "mark_id": "m"})
         )
     assert len(owner.messages) == 200
-    assert [m["code"] for m in link.outbox.replay(0, 0) if m["type"] == "error"] == ["flood"] * 5
+    # Five refused and counted; answered once (an answer each would draw an ack each: more flood).
+    assert [m["code"] for m in link.outbox.replay(0, 0) if m["type"] == "error"] == ["flood"]
+    assert link.metrics.agent_protocol_errors.labels("flood")._value.get() == 5
+    assert link.budget.count == 5
 
 
 # --- the token -----------------------------------------------------------------------------------
