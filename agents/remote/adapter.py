@@ -102,32 +102,37 @@ class RemoteAgent(Agent):
         self._by_key: dict[str, str] = {}  # idempotency key -> the agent's call id
         self._gap: tuple[int, int] | None = None  # (first timestamp missed, samples missed)
         self._speaking = False
+        self._restarting = False  # a session.start after a refused resume is on its way
+        self._epoch = 0  # agent sessions restarted: part of every tool key
 
     # --- the call's side: handlers become messages --------------------------------------------
 
     async def on_start(self) -> None:
-        c = self.context
-        self.link.send(
-            {
-                "type": "session.start",
-                "session_id": c.call_id,
-                "versions": [VERSION],
-                "audio": {
-                    "encodings": ["pcm16"],
-                    "rates": [self.settings.agent_rate],
-                    "frame_ms": 20,
-                },
-                "features": list(FEATURES),
-                "call": {
-                    "called_user": c.called_user,
-                    "caller": c.caller,
-                    "codec": c.codec,
-                    "rate": c.rate,
-                },
-                "playout_max_ms": self.settings.playout_max_ms,
-            }
-        )
+        self.link.send(self._start(resumed=False))
         self._task = asyncio.get_running_loop().create_task(self.link.run())
+
+    def _start(self, resumed: bool) -> dict[str, Any]:
+        c = self.context
+        return {
+            "type": "session.start",
+            "session_id": c.call_id,
+            "versions": [VERSION],
+            "audio": {
+                "encodings": ["pcm16"],
+                "rates": [self.settings.agent_rate],
+                "frame_ms": 20,
+            },
+            "features": list(FEATURES),
+            "call": {
+                "called_user": c.called_user,
+                "caller": c.caller,
+                "codec": c.codec,
+                "rate": c.rate,
+            },
+            "playout_max_ms": self.settings.playout_max_ms,
+            "resumed": resumed,
+            "last_heard": self._last_cut,
+        }
 
     async def on_dtmf(self, digit: str) -> None:
         self.link.send({"type": "dtmf", "digit": digit})
@@ -150,6 +155,8 @@ class RemoteAgent(Agent):
 
     async def on_speech_turn(self, duration_ms: int) -> None:
         self._speaking = False
+        self._restarting = False  # a session.start after a refused resume is on its way
+        self._epoch = 0  # agent sessions restarted: part of every tool key
         self.link.send({"type": "speech.stopped", "duration_ms": duration_ms})
 
     async def on_playback_cut(self, cut: PlaybackCut) -> None:
@@ -252,8 +259,20 @@ class RemoteAgent(Agent):
     # (STYLE.md habit 5), in the order it arrived.
 
     def link_up(self, resumed: bool) -> None:
-        if resumed:
+        if resumed or self._restarting:
+            self._restarting = False
             self.call.call_soon(self.call.link_restored)
+
+    def restart_message(self) -> dict[str, Any]:
+        # A new agent session for the same call: its response and call ids start afresh, so
+        # the old ones are forgotten and tool keys take a new epoch (pay-1 now is a new
+        # request, not the old one). Results of the old session's calls still arrive.
+        self._restarting = True
+        self._epoch += 1
+        self._responses.clear()
+        self._ids.clear()
+        self._tools.clear()
+        return self._start(resumed=True)
 
     def resume_fields(self) -> dict[str, Any]:
         """What ``session.resume`` tells besides the token: the response the drop (or an earlier
@@ -372,7 +391,8 @@ class RemoteAgent(Agent):
             }
             self.link.send({**result, "duplicate": True})
             return
-        digest = hashlib.sha256(f"{self.context.call_id}/{call_id}".encode()).hexdigest()
+        epoch = f"/{self._epoch}" if self._epoch else ""  # the first keeps its old form
+        digest = hashlib.sha256(f"{self.context.call_id}{epoch}/{call_id}".encode()).hexdigest()
         key = f"ra-{digest[:32]}"
         self._tools[call_id] = _ToolCall(key, tool, arguments)
         self._by_key[key] = call_id

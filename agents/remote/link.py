@@ -72,6 +72,7 @@ class Link:
         self._pending: asyncio.Queue[tuple[str, Any]] | None = None  # until session.resumed
         self._handshaken = False
         self._closing = False
+        self._restarted = False  # a new session.start after a refused resume (once)
         self._ack_sent = 0  # the ack the last message on the wire carried
         metrics.agent_links.labels("connecting").inc()
 
@@ -291,8 +292,10 @@ class Link:
             return
         self.outbox.acked(message["ack"])
         kind = message["type"]
-        if not fresh and kind not in LINK_TYPES:
+        if not fresh and kind not in LINK_TYPES and self._handshaken:
             # The agent replayed what we already had (it missed our ack): skip it, count it.
+            # (Before the handshake it is the agent's answer to it, read there: a restarted
+            # agent refusing a resume numbers its error from scratch.)
             self.metrics.agent_replayed_messages.labels("from_agent").inc()
             return
         try:
@@ -346,6 +349,9 @@ class Link:
         if kind == "error" and message["code"] in ("resume_refused", "handshake"):
             if resuming:
                 self.metrics.agent_link_resumes.labels("refused").inc()
+                if not self._restarted:
+                    self._restart()
+                    return
             raise_reason = f"the agent refused the {'resume' if resuming else 'session'}"
             self._close_and_give_up(raise_reason)
             return
@@ -383,6 +389,21 @@ class Link:
             self._up(resumed=False)
             return
         raise ProtocolError("handshake", f"{kind} before the handshake", message["seq"])
+
+    def _restart(self) -> None:
+        """The agent has no record of this session (it restarted): start a new one on the next
+        socket, ``session.start`` with ``resumed: true`` and what the caller last heard. Its
+        seq and acks start again from 1; what the old session had not acked is gone with it.
+        Once per link: an agent that refuses again ends the call."""
+        self._restarted = True
+        self.metrics.agent_link_resumes.labels("restarted").inc()
+        log.info("agent_link.restarted", extra={"call_id": self.session_id})
+        self._resume_token = None
+        self.outbox = Outbox(self.config.replay_bound)
+        self.inbox = Inbox()
+        self._ack_sent = 0
+        self.send(self.owner.restart_message())
+        self._drop_socket()
 
     def _up(self, resumed: bool) -> None:
         self._handshaken = True

@@ -28,6 +28,10 @@ class LinkOwner(Protocol):
         """Response audio queued ahead of the caller (flow control, in pong)."""
         ...
 
+    def restart_message(self) -> dict[str, Any]:
+        """The ``session.start`` of a session started again after a refused resume."""
+        ...
+
     def resume_fields(self) -> dict[str, Any]:
         """Fields ``session.resume`` carries besides the session id and the token."""
         ...

@@ -181,7 +181,9 @@ class Agent:
                     "resume_token": token,
                 }
             )
-            s.say(s.prompt("greeting"), mark="greeting")
+            if m["resumed"]:  # we restarted and lost the call: pick it up, don't greet again
+                log.info("session.start %s", json.dumps({"last_heard": m["last_heard"]}))
+            s.say(s.prompt("sorry_lost_you" if m["resumed"] else "greeting"), mark="greeting")
             return s
         known = self.sessions.get(sid)
         if (
@@ -202,7 +204,7 @@ class Agent:
                 if result is None:  # reclaim, don't resend: voicegate answers the original
                     await self.pay(s, call_id)
             return s
-        code = "resume_refused" if known else "handshake"
+        code = "resume_refused" if m["type"] == "session.resume" else "handshake"
         error = {"type": "error", "seq": 0, "ack": 0, "fatal": True, "code": code, "ref_seq": None}
         await ws.send_str(json.dumps({**error, "detail": "unknown session or token"}))
         return None

@@ -390,3 +390,31 @@ def test_a_wss_agent_answers_with_its_ca_trusted_and_is_never_reached_without_it
         assert errors == {"ClientConnectorCertificateError"}, errors
     finally:
         agent.stop()
+
+
+def test_an_agent_that_restarted_takes_the_call_up_again_with_what_was_heard(
+    server_factory: ServerFactory, agent: ExampleAgent, tmp_path: Path
+) -> None:
+    server = server_factory(**agent.env(deadline_s=6.0))
+    sipp = Sipp("uac-remote-tone.xml", server.sip_target, tmp_path).start()
+    wait_for(lambda: "a2: 1000 ms sent" in agent_log(agent), 15, "the tone to stream")
+    agent.kill()  # the agent process dies with the call's state
+    restarted = ExampleAgent(tmp_path / "restarted", port=agent.port).start()
+    try:
+        # It refuses the resume (it knows no such session); voicegate starts the session again
+        # with resumed: true and what the caller heard; the caller's 9 then reaches it.
+        assert sipp.wait() == 0, sipp.errors()
+        end = ended(server)
+        assert (end["terminal_state"], end["reason"]) == ("completed", "caller pressed 9")
+        (line,) = [x for x in agent_log(restarted).splitlines() if "session.start" in x]
+        last = json.loads(line.partition("session.start ")[2])["last_heard"]
+        assert last["response_id"] == "a2" and last["heard_ms"] >= 500, last
+    finally:
+        restarted.stop()
+    resumes = {
+        r: server.metric("voicegate_agent_link_resumes_total", result=r)
+        for r in ("resumed", "refused", "restarted", "failed")
+    }
+    assert resumes == {"resumed": 0, "refused": 1, "restarted": 1, "failed": 0}
+    types = [e["type"] for e in session_events(server)]
+    assert types.count("agent_link_lost") == 1 and types.count("agent_link_restored") == 1

@@ -226,6 +226,13 @@ class Owner:
     def link_gone(self, reason: str) -> None:
         self.events.append(f"gone {reason}")
 
+    def restart_message(self) -> dict[str, Any]:
+        self.events.append("restart")
+        return {"type": "session.start", "resumed": True}
+
+    def resume_fields(self) -> dict[str, Any]:
+        return {"last_heard": None}
+
 
 def _open_link(limit: int = 1000) -> tuple[Link, Owner, Metrics]:
     owner, metrics = Owner(), Metrics()
@@ -504,3 +511,41 @@ def test_a_transfer_asked_by_the_agent_goes_to_the_call_and_a_refusal_is_told() 
                 json.dumps({**bad, "type": "transfer", "seq": 1, "ack": 0})
             )
         assert caught.value.code == "schema"
+
+
+def test_a_refused_resume_starts_the_session_again_once_then_gives_up() -> None:
+    link, owner, metrics = _open_link()
+    link.outbox.stamp({"type": "dtmf", "digit": "5"}, 0)  # un-acked from the old session
+    link.inbox.seq = 7
+    link._handshaken, link._pending, link._resume_token = False, asyncio.Queue(), "t" * 20
+    refused = {"type": "error", "seq": 0, "ack": 0, "code": "resume_refused", "fatal": True}
+    refused |= {"ref_seq": None, "detail": "unknown session"}
+    link._on_text(json.dumps(refused))  # seq 0: a restarted agent numbers afresh; still read
+    assert owner.events == ["restart"] and link._give_up_reason is None
+    # The next socket opens a new session: session.start as seq 1, nothing of the old one.
+    assert [(m["type"], m["seq"]) for m in link.outbox.replay(0, 0)] == [("session.start", 1)]
+    assert link.inbox.seq == 0 and link._resume_token is None
+    resumes = metrics.agent_link_resumes
+    assert (resumes.labels("refused")._value.get(), resumes.labels("restarted")._value.get()) == (
+        1,
+        1,
+    )
+    link._pending = asyncio.Queue()  # and if the agent refuses again, the call ends
+    link._on_text(json.dumps(refused))
+    assert link._give_up_reason == "the agent refused the resume"
+
+
+def test_a_restarted_session_forgets_the_old_ids_and_tells_what_was_heard() -> None:
+    agent, call = _agent()
+    _msg(agent, {"type": "response.start", "response_id": "a1"})
+    asyncio.run(agent.on_playback_cut(PlaybackCut("r1", 2, 640, (), "agent_link")))
+    body = {"type": "tool.call", "call_id": "pay-1", "tool": "charge", "arguments": {}}
+    _msg(agent, body)
+    start = agent.restart_message()
+    validate("to_agent", {**start, "seq": 1, "ack": 0})
+    assert (start["resumed"], start["last_heard"]) == (True, {"response_id": "a1", "heard_ms": 640})
+    agent.link.inbox.seq = 0
+    _msg(agent, {"type": "response.start", "response_id": "a1"})  # the new session's a1
+    _msg(agent, body)  # the new session's pay-1: a new request, with a new key
+    assert len(call.handles) == 2 and len(call.tools) == 2
+    assert call.tools[0][1] != call.tools[1][1]

@@ -177,8 +177,9 @@ class Metrics:
         )
         self.agent_link_resumes = Counter(
             "voicegate_agent_link_resumes_total",
-            "Redials of a dropped remote-agent link, by result (resumed, refused, failed: not "
-            "back within agent.reconnect_deadline_s)",
+            "Redials of a dropped remote-agent link, by result (resumed, refused, restarted: a "
+            "new session.start after a refused resume, failed: not back within "
+            "agent.reconnect_deadline_s)",
             ["result"],
             registry=r,
         )
@@ -332,7 +333,7 @@ class Metrics:
             self.dead_response_frames.labels(ending)
         for state in ("connecting", "open", "lost"):
             self.agent_links.labels(state)
-        for result in ("resumed", "refused", "failed"):
+        for result in ("resumed", "refused", "restarted", "failed"):
             self.agent_link_resumes.labels(result)
         for direction in ("to_agent", "from_agent"):
             self.agent_replayed_messages.labels(direction)
