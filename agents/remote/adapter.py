@@ -8,9 +8,9 @@ keeps voicegate's promises on the wire:
   a chunk for an unknown id, or for a handle that died (interrupted, superseded, canceled, ended),
   is dropped and counted, never played.
 - A tool call goes through ``call.request_tool`` with an idempotency key derived from the
-  session and the agent's ``call_id``; the same ``call_id`` again (after a resume, say) is answered
-  with the original result, or ``pending``: never a second execution (seed 004, "duplicate
-  guard").
+  session and the agent's ``call_id`` (agents/remote/tool_calls.py); the same ``call_id`` again
+  (after a resume, say) is answered with the original result, or ``pending``: never a second
+  execution (seed 004, "duplicate guard").
 - A link that drops is an interruption of the call (``call.link_lost()``); a resume ends it
   (``call.link_restored()``); a link that does not come back ends the call
   (``call.link_failed()``), the caller told.
@@ -19,8 +19,6 @@ keeps voicegate's promises on the wire:
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -42,6 +40,7 @@ from agents.base import (
 from agents.remote.dial import LinkConfig, tls_context
 from agents.remote.link import Link
 from agents.remote.protocol import VERSION, Codec, ProtocolError, encode_caller_audio
+from agents.remote.tool_calls import ToolCalls
 from audio.frame import Frame
 from audio.playout import PlayoutFull
 from audio.resample import resample
@@ -57,14 +56,6 @@ class RemoteSettings:
     link: LinkConfig
     agent_rate: int  # caller audio and agent audio on the wire (audio.agent_rate)
     playout_max_ms: int
-
-
-@dataclass(slots=True)
-class _ToolCall:
-    key: str
-    tool: str
-    arguments: str  # canonical JSON: the same call_id must mean the same request
-    result: dict[str, Any] | None = None
 
 
 @dataclass(slots=True)
@@ -98,12 +89,10 @@ class RemoteAgent(Agent):
         self._responses: dict[str, _Remote] = {}  # the agent's response id -> its handle
         self._ids: dict[str, str] = {}  # voicegate's response id -> the agent's
         self._last_cut: dict[str, Any] | None = None  # what the caller heard of the last cut
-        self._tools: dict[str, _ToolCall] = {}  # the agent's call id -> its request
-        self._by_key: dict[str, str] = {}  # idempotency key -> the agent's call id
+        self._tools = ToolCalls(context.call_id)
         self._gap: tuple[int, int] | None = None  # (first timestamp missed, samples missed)
         self._speaking = False
         self._restarting = False  # a session.start after a refused resume is on its way
-        self._epoch = 0  # agent sessions restarted: part of every tool key
 
     # --- the call's side: handlers become messages --------------------------------------------
 
@@ -155,8 +144,6 @@ class RemoteAgent(Agent):
 
     async def on_speech_turn(self, duration_ms: int) -> None:
         self._speaking = False
-        self._restarting = False  # a session.start after a refused resume is on its way
-        self._epoch = 0  # agent sessions restarted: part of every tool key
         self.link.send({"type": "speech.stopped", "duration_ms": duration_ms})
 
     async def on_playback_cut(self, cut: PlaybackCut) -> None:
@@ -220,20 +207,9 @@ class RemoteAgent(Agent):
         )
 
     async def on_tool_result(self, result: ToolResult) -> None:
-        call_id = self._by_key.get(result.key)
-        if call_id is None:
-            return
-        body = {
-            "type": "tool.result",
-            "call_id": call_id,
-            "tool": result.tool,
-            "outcome": result.outcome,
-            "detail": dict(result.detail),
-            "duplicate": result.duplicate,
-        }
-        if result.outcome != "pending":
-            self._tools[call_id].result = body
-        self.link.send(body)
+        body = self._tools.result_message(result)
+        if body is not None:
+            self.link.send(body)
 
     async def on_end(self, reason: str) -> None:
         self.link.send({"type": "session.end", "reason": reason[:300]})
@@ -268,10 +244,9 @@ class RemoteAgent(Agent):
         # the old ones are forgotten and tool keys take a new epoch (pay-1 now is a new
         # request, not the old one). Results of the old session's calls still arrive.
         self._restarting = True
-        self._epoch += 1
         self._responses.clear()
         self._ids.clear()
-        self._tools.clear()
+        self._tools.restart()
         return self._start(resumed=True)
 
     def resume_fields(self) -> dict[str, Any]:
@@ -372,31 +347,14 @@ class RemoteAgent(Agent):
         return remote
 
     def _tool_call(self, message: Mapping[str, Any]) -> None:
-        call_id, tool = message["call_id"], message["tool"]
-        arguments = json.dumps(message["arguments"], sort_keys=True, separators=(",", ":"))
-        known = self._tools.get(call_id)
-        if known is not None:
-            if (known.tool, known.arguments) != (tool, arguments):
-                raise ProtocolError(
-                    "schema", f"call_id {call_id} was used for another request", message["seq"]
-                )
+        reply = self._tools.reclaim(message)
+        if reply is not None:
             # Reclaim, don't resend (seed 004): the original outcome, or that it is running.
-            self.metrics.tool_duplicates_prevented.labels(tool).inc()
-            result = known.result or {
-                "type": "tool.result",
-                "call_id": call_id,
-                "tool": tool,
-                "outcome": "pending",
-                "detail": {},
-            }
-            self.link.send({**result, "duplicate": True})
+            self.metrics.tool_duplicates_prevented.labels(message["tool"]).inc()
+            self.link.send(reply)
             return
-        epoch = f"/{self._epoch}" if self._epoch else ""  # the first keeps its old form
-        digest = hashlib.sha256(f"{self.context.call_id}{epoch}/{call_id}".encode()).hexdigest()
-        key = f"ra-{digest[:32]}"
-        self._tools[call_id] = _ToolCall(key, tool, arguments)
-        self._by_key[key] = call_id
-        self.call.request_tool(tool, message["arguments"], key=key)
+        key = self._tools.new_key(message)
+        self.call.request_tool(message["tool"], message["arguments"], key=key)
 
 
 def remote_settings(

@@ -1,4 +1,4 @@
-"""Getting a socket to the remote agent: the link's settings, TLS, the signed dial, the backoff.
+"""A socket to the remote agent: the link's settings, TLS, the signed dial, the backoff, the writer.
 
 :func:`dial` opens one WebSocket to ``agent.url`` with a fresh bearer token (agents/remote/auth.py)
 and the protocol's subprotocol, over TLS for ``wss://`` (the system's trust store, or
@@ -16,6 +16,7 @@ import ssl
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
@@ -122,3 +123,22 @@ async def try_dial(
             "agent_link.dial_failed", extra={"call_id": session_id, "error": type(exc).__name__}
         )
         return None
+
+
+async def write_frames(
+    ws: aiohttp.ClientWebSocketResponse, queue: asyncio.Queue[tuple[str, Any]]
+) -> None:
+    """The socket's one writer: ``("text", str)``, ``("bytes", bytes)``, in order, until
+    ``("close", None)`` (sent after everything queued before it) or the socket fails."""
+    try:
+        while True:
+            kind, data = await queue.get()
+            if kind == "close":
+                await ws.close()
+                return
+            if kind == "text":
+                await ws.send_str(data)
+            else:
+                await ws.send_bytes(data)
+    except (ConnectionError, aiohttp.ClientError):
+        return

@@ -24,7 +24,7 @@ from typing import Any
 
 import aiohttp
 
-from agents.remote.dial import GiveUp, LinkConfig, redial_delay, try_dial
+from agents.remote.dial import GiveUp, LinkConfig, redial_delay, try_dial, write_frames
 from agents.remote.owner import LinkOwner
 from agents.remote.protocol import (
     LINK_TYPES,
@@ -209,7 +209,7 @@ class Link:
         self._ws = ws
         self._handshaken = False
         queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue(QUEUE_BOUND)
-        writer = asyncio.create_task(self._write(ws, queue))
+        writer = asyncio.create_task(write_frames(ws, queue))
         pinger = asyncio.create_task(self._ping(ws))
         resume = self._resume_token is not None
         try:
@@ -256,22 +256,6 @@ class Link:
             if not ws.closed:
                 await ws.close()
             self._ws = None
-
-    async def _write(
-        self, ws: aiohttp.ClientWebSocketResponse, queue: asyncio.Queue[tuple[str, Any]]
-    ) -> None:
-        try:
-            while True:
-                kind, data = await queue.get()
-                if kind == "close":
-                    await ws.close()
-                    return
-                if kind == "text":
-                    await ws.send_str(data)
-                else:
-                    await ws.send_bytes(data)
-        except (ConnectionError, aiohttp.ClientError):
-            return
 
     async def _ping(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         while True:

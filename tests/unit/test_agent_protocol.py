@@ -45,7 +45,10 @@ from agents.remote.schemas import SCHEMA_DIR, SchemaError, validate, validators
 from voicegate.observe.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parents[2]
-SOURCES = [ROOT / "agents" / "remote" / n for n in ("adapter.py", "link.py", "protocol.py")]
+SOURCES = [
+    ROOT / "agents" / "remote" / n
+    for n in ("adapter.py", "link.py", "protocol.py", "tool_calls.py")
+]
 
 
 # --- the schemas and the code stay in step -------------------------------------------------------
