@@ -213,7 +213,7 @@ class LiveCall:
 
     def stop_playback(self) -> None:
         """Cut the response being played (the runtime's shutdown notice goes next)."""
-        self._responses.interrupt()
+        self._responses.interrupt(reason="ending")
 
     def announce(self, prompt: str) -> None:
         """Play a system notice (not an agent response, so not subject to barge-in)."""
