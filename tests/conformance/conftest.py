@@ -2,7 +2,8 @@
 
 By default the kit tests the example agent (examples/remote_agent/, started here). Point it at
 your own agent with ``CONFORMANCE_AGENT_URL`` and ``CONFORMANCE_AGENT_SECRET`` (or
-``python -m tests.conformance --agent-url ... --secret ...``): the kit then only dials it.
+``python -m tests.conformance --agent-url ... --secret ...``): the kit then only dials it. A
+``wss://`` agent is checked against the system's CAs, or ``CONFORMANCE_AGENT_CA_FILE``'s.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from agents.remote.dial import tls_context
 from tests.conformance.proxy import ChaosProxy
 from tests.integration.conftest import server_factory  # noqa: F401 (a fixture the kit uses)
 from tests.integration.harness import free_port
@@ -46,8 +48,13 @@ def agent_under_test(tmp_path: Path) -> Iterator[AgentUnderTest]:
 
 @pytest.fixture
 def proxy(agent_under_test: AgentUnderTest) -> Iterator[ChaosProxy]:
+    ca_file = os.environ.get("CONFORMANCE_AGENT_CA_FILE")
+    tls = tls_context(Path(ca_file)) if ca_file else None
     chaos = ChaosProxy(
-        agent_under_test.url, agent_under_test.secret, free_port(udp_and_tcp=False)
+        agent_under_test.url,
+        agent_under_test.secret,
+        free_port(udp_and_tcp=False),
+        tls=tls if tls is not None else True,
     ).start()
     try:
         yield chaos

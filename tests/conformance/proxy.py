@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import ssl
 import struct
 import threading
 import time
@@ -66,6 +67,7 @@ class ChaosProxy:
     secret: str
     port: int
     host: str = "127.0.0.1"
+    tls: ssl.SSLContext | bool = True  # for a wss:// agent: the CAs to trust (default: system's)
     passed: list[Passed] = field(default_factory=list)
     _loop: asyncio.AbstractEventLoop | None = None
     _thread: threading.Thread | None = None
@@ -176,6 +178,7 @@ class ChaosProxy:
                     protocols=(SUBPROTOCOL,),
                     max_msg_size=1 << 20,
                     heartbeat=None,
+                    ssl=self.tls,
                 )
             except aiohttp.WSServerHandshakeError as exc:
                 return web.Response(status=exc.status, text="the agent refused\n")
