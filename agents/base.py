@@ -60,6 +60,59 @@ class MarkOutcome:
     outcome: str
 
 
+# Why playback was cut (PlaybackCut.reason): the caller or the agent cut it (``barge_in``,
+# ``canceled``), or the session did: an interruption of the call (``media``, ``reinvite``,
+# ``transfer``, ``agent_link``), a deadline (``timeout``) or the call ending (``ending``).
+CUT_BY_CALLER = ("barge_in", "canceled")
+CUT_BY_SESSION = ("media", "reinvite", "transfer", "agent_link", "timeout", "ending")
+
+
+@dataclass(frozen=True, slots=True)
+class PlaybackCut:
+    """A response cut before it played out: the caller heard its first ``heard_ms``.
+
+    ``generation`` is the playback generation the response played in (dead from now on);
+    ``marks_cleared`` the marks of it the caller never reached (each also gets its own
+    ``cleared`` :class:`MarkOutcome`); ``reason`` one of :data:`CUT_BY_CALLER` or
+    :data:`CUT_BY_SESSION`."""
+
+    response_id: str
+    generation: int
+    heard_ms: int
+    marks_cleared: tuple[str, ...]
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class GateChange:
+    """The side-effect gate moved (seed 000): ``state`` is ``open``, ``frozen`` (an interruption:
+    no tool runs), ``reconciling`` (outstanding tool calls are being settled) or ``closed`` (the
+    session is ending). ``reason`` says why, in words fit for a log: the interruptions, or what
+    reconciliation found."""
+
+    state: str
+    previous: str
+    reason: str
+
+
+# What a transfer did (TransferUpdate.state), in order: ``started`` (the REFER is going out),
+# ``trying`` (a provisional NOTIFY), then one final: ``completed`` (the call ends), ``failed``
+# (the target did not answer: the caller stays with the agent) or ``refused`` (not sent at all,
+# or the REFER was declined; nothing changed).
+TRANSFER_STATES = ("started", "trying", "completed", "failed", "refused")
+
+
+@dataclass(frozen=True, slots=True)
+class TransferUpdate:
+    """Progress of a transfer the agent (or anyone) asked for. ``status`` is the SIP status of
+    the NOTIFY's sipfrag (RFC 3515 section 2.4.5) or of the REFER's answer, 0 when none; the
+    target is never included (it is masked in logs and the agent chose it)."""
+
+    state: str
+    status: int = 0
+    detail: str = ""
+
+
 # Why a response handle is no longer alive (Response.ended): a closed vocabulary, a metric label.
 RESPONSE_ENDINGS = ("done", "interrupted", "canceled", "superseded", "ended", "refused")
 
@@ -142,13 +195,16 @@ class CallControl(Protocol):
         ...
 
     def transfer(self, target: str | None = None, *, mode: str | None = None) -> str | None:
-        """Transfer the caller (a blind transfer: REFER, RFC 3515) to ``target``, a SIP URI that
+        """Transfer the caller to ``target``, a SIP URI that
         ``transfer.allowed_targets`` allows, or to ``transfer.default_target``. Returns None once
         it is under way, else why it was refused (nothing changed). While it runs, side effects
         are frozen and your response is cut (:meth:`Agent.on_interrupted` with ``transfer``).
         If it succeeds the call ends (:meth:`Agent.on_end` with ``transferred``); if it fails,
         the caller hears "I could not reach a colleague" and stays with you
-        (:meth:`Agent.on_resumed` with ``transfer``). ``mode``: only ``blind`` for now."""
+        (:meth:`Agent.on_resumed` with ``transfer``). ``mode``: ``blind`` (REFER, RFC 3515),
+        ``bridge`` (voicegate calls the target and stays in the media path) or ``attended`` (a
+        consult leg, then REFER with Replaces); None: ``transfer.default_mode``
+        (docs/transfer.md)."""
         ...
 
     # --- for an agent that reaches its brain over a link (agents/remote/) ----------------------
@@ -217,6 +273,17 @@ class Agent:
 
     async def on_mark(self, mark: MarkOutcome) -> None:
         """A mark has its outcome: played (the caller heard up to it) or cleared."""
+
+    async def on_playback_cut(self, cut: PlaybackCut) -> None:
+        """One of your responses was cut, by whatever cut it: barge-in and cancel (also told
+        through :meth:`on_response_interrupted`) and every cut the session makes itself (lost
+        media, a transfer, a dropped link, a timeout, the end of the call)."""
+
+    async def on_gate(self, change: GateChange) -> None:
+        """The side-effect gate moved: while it is not ``open`` a tool request is refused."""
+
+    async def on_transfer(self, update: TransferUpdate) -> None:
+        """Progress of a transfer of this call (:meth:`CallControl.transfer`)."""
 
     async def on_tool_result(self, result: ToolResult) -> None:
         """A tool request finished, was refused, or was a duplicate."""

@@ -89,6 +89,8 @@ class Interrupted:
 
     response_id: str
     heard_ms: int
+    # The marks of it the caller never reached, in order (each is also a MarkCleared event).
+    marks_cleared: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -489,14 +491,16 @@ class Playout:
             heard = response.pulled
             while response.marks and response.marks[0][0] <= heard:
                 self._events.append(MarkHeard(response.response_id, response.marks.popleft()[1]))
+            cleared: list[str] = []
             while response.marks:
-                self._events.append(MarkCleared(response.response_id, response.marks.popleft()[1]))
+                cleared.append(response.marks.popleft()[1])
+                self._events.append(MarkCleared(response.response_id, cleared[-1]))
             if response.state is _State.FINISHED and heard == response.queued:
                 self._end(response, _State.DRAINED, heard)
                 self._events.append(ResponseDrained(response.response_id, heard * FRAME_MS))
             else:
                 self._end(response, _State.INTERRUPTED, heard)
-                cut.append(Interrupted(response.response_id, heard * FRAME_MS))
+                cut.append(Interrupted(response.response_id, heard * FRAME_MS, tuple(cleared)))
         live.clear()
         return cut
 

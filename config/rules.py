@@ -231,7 +231,27 @@ def directory(*, empty_ok: bool = False) -> Rule:
 
     With ``empty_ok`` the empty string means "not set" and checks to None.
     """
-    allowed = "a directory path (relative to the current directory)"
+    return _path_rule("a directory path (relative to the current directory)", empty_ok)
+
+
+def existing_file(*, empty_ok: bool = False) -> Rule:
+    """A path to a file that exists, made absolute against the current directory when checked.
+
+    With ``empty_ok`` the empty string means "not set" and checks to None.
+    """
+
+    def exists(path: Path) -> None:
+        if not path.is_file():
+            raise Invalid(f"no such file: {path}")
+
+    return _path_rule(
+        "the path of an existing file (relative to the current directory)", empty_ok, exists
+    )
+
+
+def _path_rule(
+    allowed: str, empty_ok: bool, require: Callable[[Path], None] | None = None
+) -> Rule:
     if empty_ok:
         allowed = "empty, or " + allowed
 
@@ -244,7 +264,10 @@ def directory(*, empty_ok: bool = False) -> Rule:
         if text.startswith("~"):
             # Expanding it would read HOME from the real environment, not the one being loaded.
             raise Invalid("'~' is not expanded here: give the full path")
-        return Path(text).resolve()
+        path = Path(text).resolve()
+        if require is not None:
+            require(path)
+        return path
 
     return Rule(allowed, check)
 

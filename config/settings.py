@@ -23,6 +23,7 @@ from config.rules import (
     choice_list,
     directory,
     empty_or_one_of,
+    existing_file,
     float_range,
     header_text,
     import_path,
@@ -507,6 +508,14 @@ class AgentSettings:
             "closed and the call ends failed at stage agent_link",
         ),
     )
+    ca_file: Path | None = field(
+        default=None,
+        metadata=key(
+            existing_file(empty_ok=True),
+            "With a wss:// url: a PEM file of the CA certificates to trust for the agent's TLS "
+            "certificate (its host name is checked); empty = the system's trust store",
+        ),
+    )
 
 
 TRANSFER_MODES = ("blind", "bridge", "attended")
@@ -753,6 +762,13 @@ def agent_problems(a: AgentSettings, session: SessionSettings) -> list[CrossProb
             CrossProblem(
                 ("agent.reconnect_deadline_s", "session.recovery_timeout_s"),
                 "reconnect_deadline_s must be below the session's recovery_timeout_s",
+            )
+        )
+    if a.ca_file is not None and not a.url.startswith("wss://"):
+        problems.append(
+            CrossProblem(
+                ("agent.ca_file", "agent.url"),
+                "ca_file is used only with a wss:// url: use wss://, or remove ca_file",
             )
         )
     if a.kind != "python" and a.factory:

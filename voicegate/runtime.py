@@ -23,6 +23,7 @@ from agents.base import AgentFactory
 from agents.demo import DemoAgent
 from agents.loading import AgentLoadError, load_factory
 from agents.remote.adapter import RemoteAgentFactory, remote_settings
+from agents.remote.dial import CaFileError
 from audio.barge_in import BargeInConfig
 from audio.prompts import PromptLibrary, default_prompts_dir
 from audio.vad import VadConfig
@@ -126,10 +127,13 @@ def agent_factory(settings: Settings, metrics: Metrics | None = None) -> AgentFa
         return load_factory(settings.agent.factory)
     if settings.agent.kind == "remote":
         a = settings.agent
-        remote = remote_settings(
-            a.url, a.secret, a.reconnect_deadline_s, a.ping_interval_s, a.max_protocol_errors,
-            settings.audio.agent_rate, settings.audio.playout_max_s,
-        )
+        try:
+            remote = remote_settings(
+                a.url, a.secret, a.reconnect_deadline_s, a.ping_interval_s, a.max_protocol_errors,
+                settings.audio.agent_rate, settings.audio.playout_max_s, a.ca_file,
+            )
+        except CaFileError as exc:
+            raise AgentLoadError(str(exc)) from None
         return RemoteAgentFactory(remote, metrics or Metrics())
     if settings.agent.kind == "demo":
         return DemoAgent

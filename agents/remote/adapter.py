@@ -8,9 +8,9 @@ keeps voicegate's promises on the wire:
   a chunk for an unknown id, or for a handle that died (interrupted, superseded, canceled, ended),
   is dropped and counted, never played.
 - A tool call goes through ``call.request_tool`` with an idempotency key derived from the
-  session and the agent's ``call_id``; the same ``call_id`` again (after a resume, say) is answered
-  with the original result, or ``pending``: never a second execution (seed 004, "duplicate
-  guard").
+  session and the agent's ``call_id`` (agents/remote/tool_calls.py); the same ``call_id`` again
+  (after a resume, say) is answered with the original result, or ``pending``: never a second
+  execution (seed 004, "duplicate guard").
 - A link that drops is an interruption of the call (``call.link_lost()``); a resume ends it
   (``call.link_restored()``); a link that does not come back ends the call
   (``call.link_failed()``), the caller told.
@@ -19,16 +19,28 @@ keeps voicegate's promises on the wire:
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from agents.base import Agent, CallContext, CallControl, MarkOutcome, Response, ToolResult
-from agents.remote.link import Link, LinkConfig
+from agents.base import (
+    CUT_BY_CALLER,
+    Agent,
+    CallContext,
+    CallControl,
+    GateChange,
+    MarkOutcome,
+    PlaybackCut,
+    Response,
+    ToolResult,
+    TransferUpdate,
+)
+from agents.remote.dial import LinkConfig, tls_context
+from agents.remote.link import Link
 from agents.remote.protocol import VERSION, Codec, ProtocolError, encode_caller_audio
+from agents.remote.tool_calls import ToolCalls
 from audio.frame import Frame
 from audio.playout import PlayoutFull
 from audio.resample import resample
@@ -47,20 +59,10 @@ class RemoteSettings:
 
 
 @dataclass(slots=True)
-class _ToolCall:
-    key: str
-    tool: str
-    arguments: str  # canonical JSON: the same call_id must mean the same request
-    result: dict[str, Any] | None = None
-
-
-@dataclass(slots=True)
 class _Remote:
-    """One of the agent's responses: its handle and the marks still waiting for an outcome."""
+    """One of the agent's responses: its handle."""
 
     handle: Response
-    marks: list[str] = field(default_factory=list)
-    reported: bool = False  # playback.interrupted sent
 
 
 class RemoteAgentFactory:
@@ -86,37 +88,40 @@ class RemoteAgent(Agent):
         self._task: asyncio.Task[None] | None = None
         self._responses: dict[str, _Remote] = {}  # the agent's response id -> its handle
         self._ids: dict[str, str] = {}  # voicegate's response id -> the agent's
-        self._canceled: set[str] = set()
-        self._tools: dict[str, _ToolCall] = {}  # the agent's call id -> its request
-        self._by_key: dict[str, str] = {}  # idempotency key -> the agent's call id
+        self._last_cut: dict[str, Any] | None = None  # what the caller heard of the last cut
+        self._tools = ToolCalls(context.call_id)
         self._gap: tuple[int, int] | None = None  # (first timestamp missed, samples missed)
         self._speaking = False
+        self._restarting = False  # a session.start after a refused resume is on its way
 
     # --- the call's side: handlers become messages --------------------------------------------
 
     async def on_start(self) -> None:
-        c = self.context
-        self.link.send(
-            {
-                "type": "session.start",
-                "session_id": c.call_id,
-                "versions": [VERSION],
-                "audio": {
-                    "encodings": ["pcm16"],
-                    "rates": [self.settings.agent_rate],
-                    "frame_ms": 20,
-                },
-                "features": list(FEATURES),
-                "call": {
-                    "called_user": c.called_user,
-                    "caller": c.caller,
-                    "codec": c.codec,
-                    "rate": c.rate,
-                },
-                "playout_max_ms": self.settings.playout_max_ms,
-            }
-        )
+        self.link.send(self._start(resumed=False))
         self._task = asyncio.get_running_loop().create_task(self.link.run())
+
+    def _start(self, resumed: bool) -> dict[str, Any]:
+        c = self.context
+        return {
+            "type": "session.start",
+            "session_id": c.call_id,
+            "versions": [VERSION],
+            "audio": {
+                "encodings": ["pcm16"],
+                "rates": [self.settings.agent_rate],
+                "frame_ms": 20,
+            },
+            "features": list(FEATURES),
+            "call": {
+                "called_user": c.called_user,
+                "caller": c.caller,
+                "codec": c.codec,
+                "rate": c.rate,
+            },
+            "playout_max_ms": self.settings.playout_max_ms,
+            "resumed": resumed,
+            "last_heard": self._last_cut,
+        }
 
     async def on_dtmf(self, digit: str) -> None:
         self.link.send({"type": "dtmf", "digit": digit})
@@ -141,28 +146,42 @@ class RemoteAgent(Agent):
         self._speaking = False
         self.link.send({"type": "speech.stopped", "duration_ms": duration_ms})
 
-    async def on_response_interrupted(self, heard_ms: int) -> None:
-        # The notice comes after the cut, maybe after the agent started its next response: the
-        # response it is about is the last one cut and not yet reported.
-        cut = [
-            rid
-            for rid, remote in self._responses.items()
-            if remote.handle.ended in ("interrupted", "canceled") and not remote.reported
-        ]
-        if not cut:
+    async def on_playback_cut(self, cut: PlaybackCut) -> None:
+        # A cut by the caller or the agent is an interruption; one the session made (lost
+        # media, a transfer, the link, a timeout, the end) is a clear. Both say what was heard.
+        rid = self._ids.get(cut.response_id)
+        if rid is None:
             return
-        rid = cut[-1]
-        remote = self._responses[rid]
-        remote.reported = True
-        reason = "canceled" if rid in self._canceled else "barge_in"
+        self._last_cut = {"response_id": rid, "heard_ms": cut.heard_ms}
+        by_caller = cut.reason in CUT_BY_CALLER
+        kind = {"type": "playback.interrupted"} if by_caller else {"type": "playback.cleared"}
         self.link.send(
             {
-                "type": "playback.interrupted",
+                **kind,
                 "response_id": rid,
-                "heard_ms": heard_ms,
-                "marks_cleared": list(remote.marks),
-                "reason": reason,
+                "generation": cut.generation,
+                "heard_ms": cut.heard_ms,
+                "marks_cleared": list(cut.marks_cleared),
+                "reason": cut.reason,
             }
+        )
+
+    async def on_gate(self, change: GateChange) -> None:
+        self.link.send(
+            {
+                "type": "gate",
+                "state": change.state,
+                "previous": change.previous,
+                "reason": change.reason[:300],
+            }
+        )
+
+    async def on_transfer(self, update: TransferUpdate) -> None:
+        self._transfer_progress(update.state, update.status, update.detail)
+
+    def _transfer_progress(self, state: str, status: int = 0, detail: str = "") -> None:
+        self.link.send(
+            {"type": "transfer.progress", "state": state, "status": status, "detail": detail[:300]}
         )
 
     async def on_interrupted(self, interruption: str) -> None:
@@ -178,9 +197,6 @@ class RemoteAgent(Agent):
         rid = self._ids.get(mark.response_id)
         if rid is None:
             return
-        remote = self._responses[rid]
-        if mark.mark_id in remote.marks:
-            remote.marks.remove(mark.mark_id)
         self.link.send(
             {
                 "type": "mark.outcome",
@@ -191,20 +207,9 @@ class RemoteAgent(Agent):
         )
 
     async def on_tool_result(self, result: ToolResult) -> None:
-        call_id = self._by_key.get(result.key)
-        if call_id is None:
-            return
-        body = {
-            "type": "tool.result",
-            "call_id": call_id,
-            "tool": result.tool,
-            "outcome": result.outcome,
-            "detail": dict(result.detail),
-            "duplicate": result.duplicate,
-        }
-        if result.outcome != "pending":
-            self._tools[call_id].result = body
-        self.link.send(body)
+        body = self._tools.result_message(result)
+        if body is not None:
+            self.link.send(body)
 
     async def on_end(self, reason: str) -> None:
         self.link.send({"type": "session.end", "reason": reason[:300]})
@@ -230,8 +235,25 @@ class RemoteAgent(Agent):
     # (STYLE.md habit 5), in the order it arrived.
 
     def link_up(self, resumed: bool) -> None:
-        if resumed:
+        if resumed or self._restarting:
+            self._restarting = False
             self.call.call_soon(self.call.link_restored)
+
+    def restart_message(self) -> dict[str, Any]:
+        # A new agent session for the same call: its response and call ids start afresh, so
+        # the old ones are forgotten and tool keys take a new epoch (pay-1 now is a new
+        # request, not the old one). Results of the old session's calls still arrive.
+        self._restarting = True
+        self._responses.clear()
+        self._ids.clear()
+        self._tools.restart()
+        return self._start(resumed=True)
+
+    def resume_fields(self) -> dict[str, Any]:
+        """What ``session.resume`` tells besides the token: the response the drop (or an earlier
+        cut) ended and how much of it the caller heard, so an agent that lost its own record
+        still knows where the caller is."""
+        return {"last_heard": self._last_cut}
 
     def buffered_ms(self) -> int:
         return self.call.queued_ms
@@ -279,13 +301,14 @@ class RemoteAgent(Agent):
             case "response.done":
                 self._remote(message).handle.done()
             case "response.cancel":
-                rid = message["response_id"]
-                self._canceled.add(rid)
                 self._remote(message).handle.cancel()
             case "mark":
-                remote = self._remote(message)
-                remote.marks.append(message["mark_id"])
-                remote.handle.mark(message["mark_id"])
+                self._remote(message).handle.mark(message["mark_id"])
+            case "transfer":
+                refused = self.call.transfer(message.get("target"), mode=message.get("mode"))
+                if refused is not None:
+                    # Nothing changed: the agent hears why (the target is not repeated).
+                    self._transfer_progress("refused", 0, refused)
             case "tool.call":
                 self._tool_call(message)
             case "hangup":
@@ -324,30 +347,14 @@ class RemoteAgent(Agent):
         return remote
 
     def _tool_call(self, message: Mapping[str, Any]) -> None:
-        call_id, tool = message["call_id"], message["tool"]
-        arguments = json.dumps(message["arguments"], sort_keys=True, separators=(",", ":"))
-        known = self._tools.get(call_id)
-        if known is not None:
-            if (known.tool, known.arguments) != (tool, arguments):
-                raise ProtocolError(
-                    "schema", f"call_id {call_id} was used for another request", message["seq"]
-                )
+        reply = self._tools.reclaim(message)
+        if reply is not None:
             # Reclaim, don't resend (seed 004): the original outcome, or that it is running.
-            self.metrics.tool_duplicates_prevented.labels(tool).inc()
-            result = known.result or {
-                "type": "tool.result",
-                "call_id": call_id,
-                "tool": tool,
-                "outcome": "pending",
-                "detail": {},
-            }
-            self.link.send({**result, "duplicate": True})
+            self.metrics.tool_duplicates_prevented.labels(message["tool"]).inc()
+            self.link.send(reply)
             return
-        digest = hashlib.sha256(f"{self.context.call_id}/{call_id}".encode()).hexdigest()
-        key = f"ra-{digest[:32]}"
-        self._tools[call_id] = _ToolCall(key, tool, arguments)
-        self._by_key[key] = call_id
-        self.call.request_tool(tool, message["arguments"], key=key)
+        key = self._tools.new_key(message)
+        self.call.request_tool(message["tool"], message["arguments"], key=key)
 
 
 def remote_settings(
@@ -358,12 +365,19 @@ def remote_settings(
     max_protocol_errors: int,
     agent_rate: int,
     playout_max_s: float,
+    ca_file: Path | None = None,
 ) -> RemoteSettings:
-    return RemoteSettings(
-        LinkConfig(url, secret, reconnect_deadline_s, ping_interval_s, max_protocol_errors),
-        agent_rate,
-        round(playout_max_s * 1000),
+    """The remote agent's settings; :class:`~agents.remote.dial.CaFileError` (naming
+    ``agent.ca_file``) if the CA file holds no usable certificate."""
+    link = LinkConfig(
+        url,
+        secret,
+        reconnect_deadline_s,
+        ping_interval_s,
+        max_protocol_errors,
+        tls=tls_context(ca_file),
     )
+    return RemoteSettings(link, agent_rate, round(playout_max_s * 1000))
 
 
 __all__ = ["RemoteAgent", "RemoteAgentFactory", "RemoteSettings", "remote_settings"]

@@ -8,7 +8,7 @@ a message sent while the link is down waits in the outbox and is replayed after 
 what the agent missed is reported as one ``audio.gap``.
 
 When the socket drops the link tells its owner (the session freezes side effects and cuts the
-response), then redials with the project's jittered backoff (session/backoff.py) until
+response), then redials (agents/remote/dial.py: the signed dial, TLS, the jittered backoff) until
 ``reconnect_deadline_s`` from the drop; past it, or when the agent refuses the token or the
 resume, it gives up and the owner ends the call (seed 001: a deadline, bounded retries with
 jitter, one owner of the retry). The resume token is held in memory only and never logged.
@@ -19,73 +19,30 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import aiohttp
 
-from agents.remote.auth import make_token
+from agents.remote.dial import GiveUp, LinkConfig, redial_delay, try_dial, write_frames
+from agents.remote.owner import LinkOwner
 from agents.remote.protocol import (
     LINK_TYPES,
-    MAX_BINARY_BYTES,
-    MAX_TEXT_BYTES,
-    SUBPROTOCOL,
     VERSION,
     Codec,
     ErrorBudget,
+    FloodGuard,
     Inbox,
     Outbox,
     ProtocolError,
     ReplayOverflow,
+    RoundTrip,
 )
-from session.backoff import Jitter, backoff_delay
 from voicegate.observe.metrics import Metrics
 
 log = logging.getLogger("voicegate.agent.remote")
 
-BACKOFF_BASE_S = 0.1
-BACKOFF_CAP_S = 1.0
-MAX_TEXT_PER_S = 200  # a peer sending more JSON messages than this in a second is flooding
 QUEUE_BOUND = 1000  # frames waiting for one socket's writer
-
-
-@dataclass(frozen=True, slots=True)
-class LinkConfig:
-    url: str
-    secret: str
-    reconnect_deadline_s: float = 5.0
-    ping_interval_s: float = 5.0
-    max_protocol_errors: int = 20
-    replay_bound: int = 512
-
-
-class LinkOwner(Protocol):
-    """What the link reports to (the adapter)."""
-
-    def on_message(self, message: Mapping[str, Any]) -> None:
-        """A new, in-order application message (raise ProtocolError to refuse it)."""
-
-    def on_chunk(self, data: bytes) -> None:
-        """A binary frame (raise ProtocolError to refuse it)."""
-
-    def check_accept(self, message: Mapping[str, Any]) -> None:
-        """Raise ProtocolError("handshake") unless ``session.accept`` is acceptable."""
-
-    def link_up(self, resumed: bool) -> None: ...
-
-    def buffered_ms(self) -> int:
-        """Response audio queued ahead of the caller (flow control, in pong)."""
-        ...
-
-    def link_down(self) -> None: ...
-
-    def link_gone(self, reason: str) -> None: ...
-
-
-class _GiveUp(Exception):
-    """The link will not come back; ``str()`` is the reason (no token, no agent data)."""
 
 
 class Link:
@@ -107,17 +64,16 @@ class Link:
         self.inbox = Inbox()
         self.codec = Codec("from_agent")
         self.budget = ErrorBudget(config.max_protocol_errors)
+        self.flood = FloodGuard()
         self.state = "connecting"
-        self.rtt_ms: float | None = None
+        self.round_trip = RoundTrip()
         self._resume_token: str | None = None  # the agent's; memory only, never logged
         self._queue: asyncio.Queue[tuple[str, Any]] | None = None  # the live socket's writer
         self._pending: asyncio.Queue[tuple[str, Any]] | None = None  # until session.resumed
         self._handshaken = False
         self._closing = False
+        self._restarted = False  # a new session.start after a refused resume (once)
         self._ack_sent = 0  # the ack the last message on the wire carried
-        self._window = (0.0, 0)
-        self._pings: dict[int, float] = {}
-        self._ping_id = 0
         metrics.agent_links.labels("connecting").inc()
 
     # --- state --------------------------------------------------------------------------------
@@ -188,7 +144,12 @@ class Link:
 
     def _close_and_give_up(self, reason: str) -> None:
         self._give_up_reason = reason
-        self._drop_socket()
+        if self._queue is not None:
+            # What is queued, the last (fatal) error first of all, goes out before the close.
+            self._put(self._queue, ("close", None))
+            self._queue = None
+        else:
+            self._drop_socket()
 
     # --- the task -----------------------------------------------------------------------------
 
@@ -204,25 +165,19 @@ class Link:
             async with aiohttp.ClientSession() as http:
                 while not self._closing:
                     if self._give_up_reason is not None:  # decided while the link was down
-                        raise _GiveUp(self._give_up_reason)
-                    remaining = (
-                        self.config.reconnect_deadline_s - (loop.time() - lost_at)
-                        if lost_at is not None
-                        else self.config.reconnect_deadline_s
+                        raise GiveUp(self._give_up_reason)
+                    elapsed = loop.time() - lost_at if lost_at is not None else 0.0
+                    timeout = max(0.2, min(self.config.reconnect_deadline_s - elapsed, 5.0))
+                    resuming = self._resume_token is not None
+                    ws = await try_dial(
+                        http, self.config, self.session_id, timeout, resuming, self.metrics
                     )
-                    try:
-                        ws = await self._dial(http, max(0.2, min(remaining, 5.0)))
-                    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-                        log.info(
-                            "agent_link.dial_failed",
-                            extra={"call_id": self.session_id, "error": type(exc).__name__},
-                        )
-                    else:
-                        await self._serve(ws, handshake_s=max(0.2, min(remaining, 5.0)))
+                    if ws is not None:
+                        await self._serve(ws, handshake_s=timeout)
                         if self._handshaken:
                             lost_at, attempt = None, 0
                     if self._give_up_reason is not None:
-                        raise _GiveUp(self._give_up_reason)
+                        raise GiveUp(self._give_up_reason)
                     if self._closing:
                         return
                     now = loop.time()
@@ -232,19 +187,13 @@ class Link:
                         self.owner.link_down()
                     if now - lost_at >= self.config.reconnect_deadline_s:
                         self.metrics.agent_link_resumes.labels("failed").inc()
-                        raise _GiveUp(f"not back within {self.config.reconnect_deadline_s:g} s")
-                    delay = backoff_delay(
-                        f"{self.session_id}/agent_link",
-                        attempt,
-                        base_s=BACKOFF_BASE_S,
-                        cap_s=BACKOFF_CAP_S,
-                        jitter=Jitter.FROM_HALF_BASE,
-                    )
+                        raise GiveUp(f"not back within {self.config.reconnect_deadline_s:g} s")
+                    delay = redial_delay(self.session_id, attempt)
                     attempt += 1
                     await asyncio.sleep(
                         min(delay, lost_at + self.config.reconnect_deadline_s - now)
                     )
-        except _GiveUp as exc:
+        except GiveUp as exc:
             self._set_state("closed")
             log.warning(
                 "agent_link.gave_up", extra={"call_id": self.session_id, "reason": str(exc)}
@@ -255,34 +204,12 @@ class Link:
             if self.state != "closed":
                 self._set_state("closed")
 
-    async def _dial(
-        self, http: aiohttp.ClientSession, timeout_s: float
-    ) -> aiohttp.ClientWebSocketResponse:
-        token = make_token(self.config.secret, self.session_id, self.config.url, time.time())
-        try:
-            async with asyncio.timeout(timeout_s):
-                return await http.ws_connect(
-                    self.config.url,
-                    headers={"Authorization": f"Bearer {token}"},
-                    protocols=(SUBPROTOCOL,),
-                    max_msg_size=max(MAX_TEXT_BYTES, MAX_BINARY_BYTES) * 2,
-                    heartbeat=None,
-                )
-        except aiohttp.WSServerHandshakeError as exc:
-            if exc.status in (401, 403):
-                if self._resume_token is not None:
-                    self.metrics.agent_link_resumes.labels("refused").inc()
-                raise _GiveUp(f"the agent refused the token (HTTP {exc.status})") from None
-            if exc.status == 409:
-                raise aiohttp.ClientError("the agent has a live socket for this session") from None
-            raise
-
     async def _serve(self, ws: aiohttp.ClientWebSocketResponse, handshake_s: float) -> None:
         """Handshake, then read until the socket closes."""
         self._ws = ws
         self._handshaken = False
         queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue(QUEUE_BOUND)
-        writer = asyncio.create_task(self._write(ws, queue))
+        writer = asyncio.create_task(write_frames(ws, queue))
         pinger = asyncio.create_task(self._ping(ws))
         resume = self._resume_token is not None
         try:
@@ -293,6 +220,7 @@ class Link:
                         "type": "session.resume",
                         "session_id": self.session_id,
                         "resume_token": self._resume_token,
+                        **self.owner.resume_fields(),
                     },
                     self.inbox.seq,
                 )
@@ -322,44 +250,24 @@ class Link:
         finally:
             self._queue = self._pending = None
             pinger.cancel()
-            if not self._closing:
-                writer.cancel()
-            else:
-                await asyncio.wait({writer}, timeout=2.0)
-                writer.cancel()
+            if self._closing or self._give_up_reason is not None:
+                await asyncio.wait({writer}, timeout=2.0)  # flush: session.end, a last error
+            writer.cancel()
             if not ws.closed:
                 await ws.close()
             self._ws = None
-
-    async def _write(
-        self, ws: aiohttp.ClientWebSocketResponse, queue: asyncio.Queue[tuple[str, Any]]
-    ) -> None:
-        try:
-            while True:
-                kind, data = await queue.get()
-                if kind == "close":
-                    await ws.close()
-                    return
-                if kind == "text":
-                    await ws.send_str(data)
-                else:
-                    await ws.send_bytes(data)
-        except (ConnectionError, aiohttp.ClientError):
-            return
 
     async def _ping(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         while True:
             await asyncio.sleep(self.config.ping_interval_s)
             if self._queue is not None:
-                self._ping_id += 1
-                self._pings = {self._ping_id: self._now()}
-                self.send({"type": "ping", "id": self._ping_id})
+                self.send(self.round_trip.ping(self._now()))
 
     # --- receiving ----------------------------------------------------------------------------
 
     def _on_text(self, text: str) -> None:
         try:
-            self._flood_check()
+            self.flood.check(self._now())
             message = self.codec.decode_text(text)
             self.outbox.check_ack(message["ack"], message["seq"])
             fresh = self.inbox.take(message)
@@ -368,8 +276,10 @@ class Link:
             return
         self.outbox.acked(message["ack"])
         kind = message["type"]
-        if not fresh and kind not in LINK_TYPES:
+        if not fresh and kind not in LINK_TYPES and self._handshaken:
             # The agent replayed what we already had (it missed our ack): skip it, count it.
+            # (Before the handshake it is the agent's answer to it, read there: a restarted
+            # agent refusing a resume numbers its error from scratch.)
             self.metrics.agent_replayed_messages.labels("from_agent").inc()
             return
         try:
@@ -386,15 +296,6 @@ class Link:
         except ProtocolError as exc:
             self.refuse(exc)
 
-    def _flood_check(self) -> None:
-        now = self._now()
-        start, count = self._window
-        if now - start >= 1.0:
-            start, count = now, 0
-        self._window = (start, count + 1)
-        if count + 1 > MAX_TEXT_PER_S:
-            raise ProtocolError("flood", f"more than {MAX_TEXT_PER_S} messages in a second")
-
     def _dispatch(self, message: Mapping[str, Any]) -> None:
         kind = message["type"]
         if not self._handshaken:
@@ -406,12 +307,9 @@ class Link:
                     {"type": "pong", "id": message["id"], "buffered_ms": self.owner.buffered_ms()}
                 )
             case "pong":
-                sent = self._pings.pop(message["id"], None)
-                if sent is not None:
-                    self.rtt_ms = round((self._now() - sent) * 1000, 1)
-                    log.debug(
-                        "agent_link.rtt", extra={"call_id": self.session_id, "rtt_ms": self.rtt_ms}
-                    )
+                rtt_ms = self.round_trip.pong(message["id"], self._now())
+                if rtt_ms is not None:
+                    log.debug("agent_link.rtt", extra={"call_id": self.session_id, "rtt": rtt_ms})
             case "ack":
                 pass
             case "error":
@@ -435,6 +333,9 @@ class Link:
         if kind == "error" and message["code"] in ("resume_refused", "handshake"):
             if resuming:
                 self.metrics.agent_link_resumes.labels("refused").inc()
+                if not self._restarted:
+                    self._restart()
+                    return
             raise_reason = f"the agent refused the {'resume' if resuming else 'session'}"
             self._close_and_give_up(raise_reason)
             return
@@ -473,6 +374,21 @@ class Link:
             return
         raise ProtocolError("handshake", f"{kind} before the handshake", message["seq"])
 
+    def _restart(self) -> None:
+        """The agent has no record of this session (it restarted): start a new one on the next
+        socket, ``session.start`` with ``resumed: true`` and what the caller last heard. Its
+        seq and acks start again from 1; what the old session had not acked is gone with it.
+        Once per link: an agent that refuses again ends the call."""
+        self._restarted = True
+        self.metrics.agent_link_resumes.labels("restarted").inc()
+        log.info("agent_link.restarted", extra={"call_id": self.session_id})
+        self._resume_token = None
+        self.outbox = Outbox(self.config.replay_bound)
+        self.inbox = Inbox()
+        self._ack_sent = 0
+        self.send(self.owner.restart_message())
+        self._drop_socket()
+
     def _up(self, resumed: bool) -> None:
         self._handshaken = True
         self._set_state("open")
@@ -494,7 +410,8 @@ class Link:
         exhausted = self.budget.spend()
         if exhausted:
             exc.fatal = True
-        self.send(exc.message())
+        if exc.answer or exhausted:
+            self.send(exc.message())
         if exhausted:
             self._close_and_give_up(f"{self.budget.count} protocol errors")
         elif exc.fatal:

@@ -41,6 +41,9 @@ SENDS: Final = frozenset(
         "dtmf",
         "mark.outcome",
         "playback.interrupted",
+        "playback.cleared",
+        "gate",
+        "transfer.progress",
         "output.stop",
         "tool.result",
         "media.lost",
@@ -63,12 +66,31 @@ ACCEPTS: Final = frozenset(
         "mark",
         "tool.call",
         "hangup",
+        "transfer",
         "session.end",
         "error",
         "ping",
         "pong",
         "ack",
     }
+)
+# The codes of ``error`` (docs/agent-protocol.md, "Errors"): a closed vocabulary, the label of
+# voicegate_agent_protocol_errors_total.
+ERROR_CODES: Final = (
+    "bad_json",
+    "schema",
+    "unknown_type",
+    "too_large",
+    "flood",
+    "seq_gap",
+    "unknown_response",
+    "response_refused",
+    "playout_full",
+    "bad_frame",
+    "handshake",
+    "resume_refused",
+    "replay_overflow",
+    "internal",
 )
 MAX_TEXT_BYTES: Final = 64 * 1024
 MAX_BINARY_BYTES: Final = 64 * 1024
@@ -84,14 +106,24 @@ _AGENT_HEADER: Final = struct.Struct("!BBH")
 class ProtocolError(Exception):
     """The peer sent something this side refuses. ``code`` is the error code sent back,
     ``ref_seq`` the refused message's seq (None when unreadable or binary), ``fatal`` whether
-    the socket is closed after the error is sent. ``detail`` never quotes a token or audio."""
+    the socket is closed after the error is sent. ``detail`` never quotes a token or audio.
+    ``answer`` False: counted and charged to the error budget, but no error is sent (the rest
+    of a flood: answering each would invite an ack per error, more flood)."""
 
-    def __init__(self, code: str, detail: str, ref_seq: int | None = None, fatal: bool = False):
+    def __init__(
+        self,
+        code: str,
+        detail: str,
+        ref_seq: int | None = None,
+        fatal: bool = False,
+        answer: bool = True,
+    ):
         super().__init__(f"{code}: {detail}")
         self.code = code
         self.detail = detail
         self.ref_seq = ref_seq
         self.fatal = fatal
+        self.answer = answer
 
     def message(self) -> dict[str, Any]:
         """The ``error`` message body (without seq and ack)."""
@@ -269,3 +301,52 @@ class ErrorBudget:
         """Count one error; True when the budget is exhausted (close the socket)."""
         self.count += 1
         return self.count >= self.limit
+
+
+MAX_TEXT_PER_S: Final = 200  # a peer sending more JSON messages than this in a second is flooding
+
+
+class FloodGuard:
+    """Text messages per one-second window; past :data:`MAX_TEXT_PER_S` each is refused
+    (``flood``) and spends the error budget, so a flood ends in a close, never a backlog. Only the
+    first refusal of a window is answered: an agent that acks each error it gets (as it should)
+    would otherwise keep its own flood going."""
+
+    def __init__(self, limit: int = MAX_TEXT_PER_S) -> None:
+        self.limit = limit
+        self._start = 0.0
+        self._count = 0
+
+    def check(self, now: float) -> None:
+        if now - self._start >= 1.0:
+            self._start, self._count = now, 0
+        self._count += 1
+        if self._count > self.limit:
+            raise ProtocolError(
+                "flood",
+                f"more than {self.limit} messages in a second",
+                answer=self._count == self.limit + 1,
+            )
+
+
+class RoundTrip:
+    """Our pings and their pongs: the link's round-trip time (only the latest ping counts)."""
+
+    def __init__(self) -> None:
+        self.rtt_ms: float | None = None
+        self._id = 0
+        self._sent: dict[int, float] = {}
+
+    def ping(self, now: float) -> dict[str, Any]:
+        """The next ``ping`` body, sent at ``now``."""
+        self._id += 1
+        self._sent = {self._id: now}
+        return {"type": "ping", "id": self._id}
+
+    def pong(self, ping_id: int, now: float) -> float | None:
+        """The round trip in ms of the ping ``ping_id`` answered at ``now`` (None if stale)."""
+        sent = self._sent.pop(ping_id, None)
+        if sent is None:
+            return None
+        self.rtt_ms = round((now - sent) * 1000, 1)
+        return self.rtt_ms

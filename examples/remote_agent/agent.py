@@ -6,10 +6,11 @@ DTMF, calls the ``charge`` tool, and resumes after a dropped socket (replaying w
 not acked, asking again for a tool result it never got: voicegate answers with the original
 outcome, never a second charge).
 
-Keys: 1 pays 5.00 through the charge tool, 5 plays an 8 s tone, 9 says goodbye and hangs up, any
-other key is read back. ``POST /admin/drop`` closes every live socket (try a resume by hand);
-``?keep_streaming=1`` also keeps streaming the cut response after the resume, to show that
-voicegate drops it.
+Keys: 1 pays 5.00 through the charge tool, 5 plays an 8 s tone, 9 says goodbye and hangs up, 0
+asks voicegate to transfer the caller (to transfer.default_target), any other key is read back.
+``POST /admin/drop`` closes every live socket (try a resume by hand); ``?keep_streaming=1`` also
+keeps streaming the cut response after the resume, to show that voicegate drops it; ``?down_s=4``
+refuses new sockets for 4 s (hear voicegate's "reconnecting" line and hold audio).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import json
 import logging
 import os
 import secrets
+import ssl
 import struct
 import time
 from dataclasses import dataclass, field
@@ -37,6 +39,8 @@ log = logging.getLogger("example_agent")
 PROMPTS = Path(__file__).resolve().parents[2] / "agents" / "prompts"
 CHUNK_MS = 20
 LEAD_MS = 200  # stream at most this far ahead of real time (voicegate refuses past its maximum)
+# What the call is doing: logged whole (they hold no digit); other messages by type only.
+SHOWN = ("gate", "playback.cleared", "playback.interrupted", "transfer.progress")
 
 
 def verify(secret: str, token: str, audience: str) -> str | None:
@@ -133,12 +137,15 @@ class Agent:
     def __init__(self, secret: str, audience: str) -> None:
         self.secret, self.audience = secret, audience
         self.sessions: dict[str, Session] = {}
+        self.down_until = 0.0  # /admin/drop?down_s=N: refuse sockets (503) until then
 
     async def socket(self, request: web.Request) -> web.StreamResponse:
         auth = request.headers.get("Authorization", "")
         sid = verify(self.secret, auth.removeprefix("Bearer "), self.audience)
         if sid is None:
             return web.Response(status=401, text="bad token\n")
+        if time.monotonic() < self.down_until:
+            return web.Response(status=503, text="down for a while (/admin/drop?down_s)\n")
         ws = web.WebSocketResponse(protocols=("voicegate.agent.v1",), max_msg_size=1 << 17)
         await ws.prepare(request)
         session: Session | None = None
@@ -174,7 +181,9 @@ class Agent:
                     "resume_token": token,
                 }
             )
-            s.say(s.prompt("greeting"), mark="greeting")
+            if m["resumed"]:  # we restarted and lost the call: pick it up, don't greet again
+                log.info("session.start %s", json.dumps({"last_heard": m["last_heard"]}))
+            s.say(s.prompt("sorry_lost_you" if m["resumed"] else "greeting"), mark="greeting")
             return s
         known = self.sessions.get(sid)
         if (
@@ -193,37 +202,21 @@ class Agent:
                 await ws.send_str(json.dumps({**u, "ack": s.received}))
             for call_id, result in s.tools.items():
                 if result is None:  # reclaim, don't resend: voicegate answers the original
-                    await s.send(
-                        {
-                            "type": "tool.call",
-                            "call_id": call_id,
-                            "tool": "charge",
-                            "arguments": self.charge(s),
-                        }
-                    )
+                    await self.pay(s, call_id)
             return s
-        await ws.send_str(
-            json.dumps(
-                {
-                    "type": "error",
-                    "seq": 0,
-                    "ack": 0,
-                    "fatal": True,
-                    "code": "resume_refused" if known else "handshake",
-                    "ref_seq": None,
-                    "detail": "unknown session or token",
-                }
-            )
-        )
+        code = "resume_refused" if m["type"] == "session.resume" else "handshake"
+        error = {"type": "error", "seq": 0, "ack": 0, "fatal": True, "code": code, "ref_seq": None}
+        await ws.send_str(json.dumps({**error, "detail": "unknown session or token"}))
         return None
 
-    def charge(self, s: Session) -> dict[str, Any]:
-        return {"amount_cents": 500, "currency": "EUR", "account": f"example-{s.sid[:8]}"}
+    async def pay(self, s: Session, call_id: str) -> None:
+        args = {"amount_cents": 500, "currency": "EUR", "account": f"example-{s.sid[:8]}"}
+        await s.send({"type": "tool.call", "call_id": call_id, "tool": "charge", "arguments": args})
 
     async def handle(self, s: Session, m: dict[str, Any]) -> None:
         s.unacked = [u for u in s.unacked if u["seq"] > m["ack"]]
         kind, sent = m["type"], s.seq
-        log.info("%s seq=%s ack=%s", kind, m["seq"], m["ack"])  # types only: never a digit
+        log.info("%s %s", kind, json.dumps(m) if kind in SHOWN else f"seq={m['seq']}")
         if kind in ("ping", "pong", "ack", "session.resume"):
             if kind == "ping":
                 await s.send({"type": "pong", "id": m["id"]}, link=True)
@@ -253,25 +246,21 @@ class Agent:
         if digit == "1":
             call_id = f"pay-{len(s.tools) + 1}"
             s.tools[call_id] = None
-            await s.send(
-                {
-                    "type": "tool.call",
-                    "call_id": call_id,
-                    "tool": "charge",
-                    "arguments": self.charge(s),
-                }
-            )
+            await self.pay(s, call_id)
             s.say(s.prompt("payment_processing"))
         elif digit == "5":
             s.say(s.tone(8.0), mark="tone")
         elif digit == "9":
             s.say(s.prompt("goodbye"), then_hangup="caller pressed 9")
+        elif digit == "0":
+            await s.send({"type": "transfer"})
         else:
             name = {"*": "star", "#": "hash"}.get(digit, digit)
             s.say(s.prompt(f"digit_{name}"))
 
     async def drop(self, request: web.Request) -> web.Response:
         keep = request.query.get("keep_streaming") == "1"
+        self.down_until = time.monotonic() + float(request.query.get("down_s", "0"))
         dropped = 0
         for s in self.sessions.values():
             s.keep_streaming = keep
@@ -285,15 +274,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument("--cert", help="PEM certificate chain (with --key): serve wss://")
+    parser.add_argument("--key", help="PEM private key of --cert")
     args = parser.parse_args()
+    tls = None
+    if args.cert:
+        tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        tls.load_cert_chain(args.cert, args.key)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     secret = os.environ["REMOTE_AGENT_SECRET"]  # the same value as voicegate's agent.secret
-    audience = os.environ.get("REMOTE_AGENT_URL", f"ws://{args.host}:{args.port}/agent")
+    scheme = "wss" if tls else "ws"
+    audience = os.environ.get("REMOTE_AGENT_URL", f"{scheme}://{args.host}:{args.port}/agent")
     agent = Agent(secret, audience)
     app = web.Application()
     app.add_routes([web.get("/agent", agent.socket), web.post("/admin/drop", agent.drop)])
     print(f"listening on {args.host}:{args.port}", flush=True)
-    web.run_app(app, host=args.host, port=args.port, print=None)
+    web.run_app(app, host=args.host, port=args.port, print=None, ssl_context=tls)
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ class ExampleAgent:
     data_dir: Path
     port: int = 0
     process: subprocess.Popen[bytes] | None = None
+    tls: tuple[Path, Path] | None = None  # (certificate chain, key): serve wss://
 
     def start(self) -> ExampleAgent:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -53,9 +54,12 @@ class ExampleAgent:
             "REMOTE_AGENT_URL": self.url,
             "PYTHONPATH": str(ROOT),
         }
+        args = [sys.executable, "-m", "examples.remote_agent", "--port", str(self.port)]
+        if self.tls is not None:
+            args += ["--cert", str(self.tls[0]), "--key", str(self.tls[1])]
         with open(self.data_dir / "agent.log", "ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "examples.remote_agent", "--port", str(self.port)],
+                args,
                 stdout=subprocess.PIPE,
                 stderr=log,
                 cwd=ROOT,
@@ -68,7 +72,7 @@ class ExampleAgent:
 
     @property
     def url(self) -> str:
-        return f"ws://{LOOPBACK}:{self.port}/agent"
+        return f"{'wss' if self.tls else 'ws'}://{LOOPBACK}:{self.port}/agent"
 
     def env(self, deadline_s: float = 3.0) -> dict[str, str]:
         return {
@@ -78,8 +82,8 @@ class ExampleAgent:
             "VOICEGATE_AGENT_RECONNECT_DEADLINE_S": str(deadline_s),
         }
 
-    def drop(self, keep_streaming: bool = False) -> int:
-        query = "?keep_streaming=1" if keep_streaming else ""
+    def drop(self, keep_streaming: bool = False, down_s: float = 0.0) -> int:
+        query = f"?keep_streaming={int(keep_streaming)}&down_s={down_s}"
         request = urllib.request.Request(
             f"http://{LOOPBACK}:{self.port}/admin/drop{query}", data=b"", method="POST"
         )
@@ -140,6 +144,16 @@ def agent_log(agent: ExampleAgent) -> str:
     return (agent.data_dir / "agent.log").read_text(errors="replace")
 
 
+def agent_told(agent: ExampleAgent) -> list[dict[str, Any]]:
+    """The call-state messages the example agent received (it logs those whole)."""
+    found = []
+    for line in agent_log(agent).splitlines():
+        _, _, rest = line.partition(" {")
+        if rest:
+            found.append(json.loads("{" + rest))
+    return found
+
+
 def session_events(server: Server) -> list[dict[str, Any]]:
     sessions = server.sessions()
     assert len(sessions) <= 1
@@ -182,6 +196,74 @@ def test_a_link_dropped_during_a_response_never_lets_the_old_response_reach_the_
     assert server.metric("voicegate_agent_link_resumes_total", result="resumed") == 1
     # The agent did keep streaming: its chunks were dropped, counted, never played.
     assert server.metric("voicegate_agent_chunks_dropped_total", reason="dead_response") > 0
+
+    # The agent was told what the drop did, once the link was back (replayed): the tone was
+    # cleared by the session (not barged into) after what the caller had heard of it, and the
+    # gate froze for the link and opened again.
+    told = agent_told(agent)
+    (cleared,) = [m for m in told if m["type"] == "playback.cleared"]
+    assert (cleared["response_id"], cleared["reason"]) == ("a2", "agent_link")
+    # heard_ms is what left in RTP: the tone's frames before the cut, 20 ms each.
+    heard_on_wire = 20 * len([p for p in sent if p.at < cut and tone(p)])
+    assert abs(cleared["heard_ms"] - heard_on_wire) <= 100, (cleared, heard_on_wire)
+    assert cleared["generation"] >= 1
+    # The key 5 had cut the greeting: that one was the caller's doing.
+    interrupted = [m for m in told if m["type"] == "playback.interrupted"]
+    assert [(m["response_id"], m["reason"]) for m in interrupted] == [("a1", "barge_in")]
+    gates = [(m["previous"], m["state"], m["reason"]) for m in told if m["type"] == "gate"]
+    assert gates == [
+        ("open", "frozen", "agent_link"),
+        ("frozen", "open", "recovered"),
+        ("open", "closed", "caller pressed 9"),  # the session ends: nothing runs any more
+    ]
+
+
+def hold(packet: RtpPacket) -> bool:
+    """A frame of voicegate's hold pulse (voicegate/call/hold.py): soft, 440 Hz."""
+    return 50 < packet.rms < 600 and abs(packet.peak_hz - 440) <= 60 and packet.peak_share > 0.6
+
+
+def test_a_link_down_for_seconds_gives_silence_then_the_honest_line_then_hold_audio(
+    server_factory: ServerFactory, agent: ExampleAgent, tmp_path: Path
+) -> None:
+    # Seed 004's ladder: under about 2 s nothing; then "one moment, I am reconnecting" and a
+    # quiet pulse until the link is back; then the pulse stops and the call goes on.
+    server = server_factory(**agent.env(deadline_s=8.0))
+    capture = Capture(tmp_path / "rtp.pcap", server.rtp_min, server.rtp_max)
+    try:
+        sipp = Sipp("uac-wait-for-bye.xml", server.sip_target, tmp_path).start()
+        wait_for(lambda: log_events(server, "agent_link.state"), 15, "the link to open")
+        dropped_at = time.time()
+        assert agent.drop(down_s=6.0) == 1  # the agent refuses sockets for 6 s
+        wait_for(lambda: log_events(server, "agent_link.resumed"), 10, "the resume")
+        resumed_seen = time.time()  # at or after the resume
+        time.sleep(1.0)  # the call goes on with its agent for a second (nothing to poll)
+        killed_at = time.time()
+        agent.kill()  # and now for good: the call ends as configured
+        assert sipp.wait() == 0, sipp.errors()
+    finally:
+        packets = capture.stop()
+    end = ended(server)
+    assert (end["terminal_state"], end["stage"]) == ("failed", "agent_link")
+    assert resumed_seen - dropped_at > 5.5
+    ports = range(server.rtp_min, server.rtp_max + 1)
+    sent = [p for p in packets if p.src_port in ports and p.payload_type == 8]
+    # Under two seconds: silence (session.honesty_after_s = 2 s from the loss); the greeting
+    # was cut at the drop.
+    quiet = [p for p in sent if dropped_at + 0.15 < p.at < dropped_at + 1.8]
+    loud = [(round(p.at - dropped_at, 3), round(p.rms)) for p in quiet if p.rms >= 50]
+    assert quiet and not loud, f"heard in the first 2 s (s after the drop, rms): {loud}"
+    # Then the honest line (speech: loud, no single tone), then the pulse until the resume.
+    line = [
+        p for p in sent if dropped_at + 1.8 <= p.at < resumed_seen and p.rms > 300 and not hold(p)
+    ]
+    assert line, "no honest line"
+    pulses = [p for p in sent if line[0].at < p.at < resumed_seen and hold(p)]
+    assert len(pulses) >= 10, f"{len(pulses)} frames of hold audio after the line"
+    assert pulses[0].at > line[-1].at, "the pulse started before the line ended"
+    # Once the link is back the pulse stops (it is fed 200 ms at a time), until the next loss.
+    late = [p for p in sent if resumed_seen + 0.5 < p.at < killed_at + 1.8 and hold(p)]
+    assert late == [], f"{len(late)} frames of hold audio after the resume"
 
 
 def test_a_link_dropped_during_a_tool_call_resumes_with_exactly_one_execution(
@@ -234,3 +316,105 @@ def test_a_link_that_never_comes_back_ends_the_call_failed_with_the_caller_told(
     says = [x["prompt"] for e in session_events(server) for x in e["effects"] if x["kind"] == "say"]
     assert "technical_problem" in says, says
     assert server.metric("voicegate_agent_link_resumes_total", result="failed") == 1
+
+
+def test_an_agent_asks_for_a_transfer_and_hears_its_progress(
+    server_factory: ServerFactory, agent: ExampleAgent, tmp_path: Path
+) -> None:
+    server = server_factory(
+        **agent.env(),
+        VOICEGATE_TRANSFER_ALLOWED_TARGETS="sip:*@cc.example.com",
+        VOICEGATE_TRANSFER_DEFAULT_TARGET="sip:desk@cc.example.com",
+    )
+    # The caller presses 0: the agent sends {"type": "transfer"}; the leg accepts the REFER and
+    # NOTIFYs 100 then 200, and our BYE follows the final one.
+    sipp = Sipp("uac-transfer-blind.xml", server.sip_target, tmp_path)
+    assert sipp.run() == 0, sipp.errors()
+    end = ended(server)
+    assert (end["terminal_state"], end["reason"]) == ("completed", "transferred")
+    told = agent_told(agent)
+    progress = [(m["state"], m["status"]) for m in told if m["type"] == "transfer.progress"]
+    assert progress[0] == ("started", 0) and progress[-1] == ("completed", 200), progress
+    assert {state for state, _ in progress[1:-1]} <= {"trying"}
+    # The transfer froze the gate and cleared the greeting if it still played (by the session).
+    gates = [(m["state"], m["reason"]) for m in told if m["type"] == "gate"]
+    assert gates[0] == ("frozen", "transfer"), gates
+    cleared = [m["reason"] for m in told if m["type"] == "playback.cleared"]
+    assert set(cleared) <= {"transfer", "ending"}, cleared
+    assert server.metric("voicegate_transfers_total", mode="blind", outcome="completed") == 1
+
+
+def make_ca_and_certificate(where: Path) -> tuple[Path, Path, Path]:
+    """A throwaway CA and a certificate it signed for 127.0.0.1: (CA, chain, key), PEM."""
+    where.mkdir(parents=True, exist_ok=True)
+    ca, ca_key = where / "ca.pem", where / "ca.key"
+    cert, key, csr, ext = (where / n for n in ("agent.pem", "agent.key", "agent.csr", "ext"))
+    ext.write_text(
+        f"subjectAltName=IP:{LOOPBACK}\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n"
+        "subjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid\n"
+    )
+    ca_ext = ["-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=keyCertSign"]
+    new_key = ["-newkey", "rsa:2048", "-nodes", "-days", "1"]
+    sign = ["-out", cert, "-days", "1", "-extfile", ext]
+    for command in (
+        ["req", "-x509", *new_key, "-keyout", ca_key, "-out", ca, "-subj", "/CN=test CA", *ca_ext],
+        ["req", *new_key[:3], "-keyout", key, "-out", csr, "-subj", f"/CN={LOOPBACK}"],
+        ["x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial", *sign],
+    ):
+        subprocess.run(["openssl", *map(str, command)], check=True, capture_output=True)
+    return ca, cert, key
+
+
+def test_a_wss_agent_answers_with_its_ca_trusted_and_is_never_reached_without_it(
+    server_factory: ServerFactory, tmp_path: Path
+) -> None:
+    ca, cert, key = make_ca_and_certificate(tmp_path / "tls")
+    agent = ExampleAgent(tmp_path / "agent", tls=(cert, key)).start()
+    try:
+        # agent.ca_file trusts the CA that signed the agent's certificate: the call completes.
+        server = server_factory(**agent.env(), VOICEGATE_AGENT_CA_FILE=str(ca))
+        sipp = Sipp("uac-server-hangup.xml", server.sip_target, tmp_path / "trusted")
+        assert sipp.run() == 0, sipp.errors()
+        end = ended(server)
+        assert (end["terminal_state"], end["reason"]) == ("completed", "caller pressed 9")
+        assert [e["new"] for e in log_events(server, "agent_link.state")][:1] == ["open"]
+        # Without it the certificate is not trusted: no link ever opens, the call ends as a
+        # link that never came back (the caller told), and nothing was sent in the clear.
+        untrusting = server_factory("untrusting", **agent.env(deadline_s=1.0))
+        sipp = Sipp("uac-wait-for-bye.xml", untrusting.sip_target, tmp_path / "untrusted")
+        assert sipp.run() == 0, sipp.errors()
+        end = ended(untrusting)
+        assert (end["terminal_state"], end["stage"]) == ("failed", "agent_link")
+        assert "open" not in [e["new"] for e in log_events(untrusting, "agent_link.state")]
+        errors = {e["error"] for e in log_events(untrusting, "agent_link.dial_failed")}
+        assert errors == {"ClientConnectorCertificateError"}, errors
+    finally:
+        agent.stop()
+
+
+def test_an_agent_that_restarted_takes_the_call_up_again_with_what_was_heard(
+    server_factory: ServerFactory, agent: ExampleAgent, tmp_path: Path
+) -> None:
+    server = server_factory(**agent.env(deadline_s=6.0))
+    sipp = Sipp("uac-remote-tone.xml", server.sip_target, tmp_path).start()
+    wait_for(lambda: "a2: 1000 ms sent" in agent_log(agent), 15, "the tone to stream")
+    agent.kill()  # the agent process dies with the call's state
+    restarted = ExampleAgent(tmp_path / "restarted", port=agent.port).start()
+    try:
+        # It refuses the resume (it knows no such session); voicegate starts the session again
+        # with resumed: true and what the caller heard; the caller's 9 then reaches it.
+        assert sipp.wait() == 0, sipp.errors()
+        end = ended(server)
+        assert (end["terminal_state"], end["reason"]) == ("completed", "caller pressed 9")
+        (line,) = [x for x in agent_log(restarted).splitlines() if "session.start" in x]
+        last = json.loads(line.partition("session.start ")[2])["last_heard"]
+        assert last["response_id"] == "a2" and last["heard_ms"] >= 500, last
+    finally:
+        restarted.stop()
+    resumes = {
+        r: server.metric("voicegate_agent_link_resumes_total", result=r)
+        for r in ("resumed", "refused", "restarted", "failed")
+    }
+    assert resumes == {"resumed": 0, "refused": 1, "restarted": 1, "failed": 0}
+    types = [e["type"] for e in session_events(server)]
+    assert types.count("agent_link_lost") == 1 and types.count("agent_link_restored") == 1

@@ -64,6 +64,24 @@ def test_a_module_whose_own_import_fails_says_so(
             "agent.factory",
         ),
         ({"VOICEGATE_AGENT_FACTORY": "tests.fixtures.agents:StreamingAgent"}, "used only with"),
+        (
+            {
+                "VOICEGATE_AGENT_KIND": "remote",
+                "VOICEGATE_AGENT_SECRET": "s" * 20,
+                "VOICEGATE_AGENT_URL": "ws://127.0.0.1:9/agent",
+                "VOICEGATE_AGENT_CA_FILE": str(ROOT / "pyproject.toml"),
+            },
+            "ca_file is used only with a wss:// url",
+        ),
+        (
+            {
+                "VOICEGATE_AGENT_KIND": "remote",
+                "VOICEGATE_AGENT_SECRET": "s" * 20,
+                "VOICEGATE_AGENT_URL": "wss://127.0.0.1:9/agent",
+                "VOICEGATE_AGENT_CA_FILE": str(ROOT / "pyproject.toml"),
+            },
+            "not a readable PEM file of CA certificates",
+        ),
     ],
 )
 def test_the_server_refuses_to_start_on_an_unusable_agent(env: dict[str, str], says: str) -> None:

@@ -19,10 +19,18 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
-from agents.base import CallContext, MarkOutcome, ToolResult
+from agents.base import (
+    CallContext,
+    GateChange,
+    MarkOutcome,
+    PlaybackCut,
+    ToolResult,
+    TransferUpdate,
+)
 from agents.remote import auth
 from agents.remote.adapter import RemoteAgent, remote_settings
-from agents.remote.link import Link, LinkConfig
+from agents.remote.dial import LinkConfig
+from agents.remote.link import Link
 from agents.remote.protocol import (
     ACCEPTS,
     SENDS,
@@ -37,7 +45,10 @@ from agents.remote.schemas import SCHEMA_DIR, SchemaError, validate, validators
 from voicegate.observe.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parents[2]
-SOURCES = [ROOT / "agents" / "remote" / n for n in ("adapter.py", "link.py", "protocol.py")]
+SOURCES = [
+    ROOT / "agents" / "remote" / n
+    for n in ("adapter.py", "link.py", "protocol.py", "tool_calls.py")
+]
 
 
 # --- the schemas and the code stay in step -------------------------------------------------------
@@ -218,6 +229,13 @@ class Owner:
     def link_gone(self, reason: str) -> None:
         self.events.append(f"gone {reason}")
 
+    def restart_message(self) -> dict[str, Any]:
+        self.events.append("restart")
+        return {"type": "session.start", "resumed": True}
+
+    def resume_fields(self) -> dict[str, Any]:
+        return {"last_heard": None}
+
 
 def _open_link(limit: int = 1000) -> tuple[Link, Owner, Metrics]:
     owner, metrics = Owner(), Metrics()
@@ -248,7 +266,7 @@ def test_bad_messages_change_nothing_and_are_counted(texts: list[str]) -> None:
     for text in texts:
         assume(not _is_valid(text))
     link, owner, metrics = _open_link()
-    link._window = (0.0, -10_000)  # these tests are not about floods
+    link.flood.limit = 10**9  # these tests are not about floods
     for text in texts:
         link._on_text(text)
     assert owner.messages == [] and owner.events == []
@@ -289,7 +307,10 @@ def test_a_flood_is_refused_past_its_rate() -> None:
             json.dumps({"type": "mark", "seq": seq, "ack": 0, "response_id": "a", "mark_id": "m"})
         )
     assert len(owner.messages) == 200
-    assert [m["code"] for m in link.outbox.replay(0, 0) if m["type"] == "error"] == ["flood"] * 5
+    # Five refused and counted; answered once (an answer each would draw an ack each: more flood).
+    assert [m["code"] for m in link.outbox.replay(0, 0) if m["type"] == "error"] == ["flood"]
+    assert link.metrics.agent_protocol_errors.labels("flood")._value.get() == 5
+    assert link.budget.count == 5
 
 
 # --- the token -----------------------------------------------------------------------------------
@@ -347,6 +368,7 @@ class Call:
         self.handles: list[Handle] = []
         self.tools: list[tuple[str, str | None]] = []
         self.hangups: list[str] = []
+        self.transfers: list[str | None] = []
 
     def respond(self) -> Handle:
         self.handles.append(Handle(f"r{len(self.handles) + 1}"))
@@ -369,6 +391,10 @@ class Call:
     def link_restored(self) -> None: ...
 
     def link_failed(self, reason: str) -> None: ...
+
+    def transfer(self, target: str | None = None, *, mode: str | None = None) -> str | None:
+        self.transfers.append(target)
+        return None if target and target.endswith("@example.com") else "target is not allowed"
 
 
 def _agent() -> tuple[RemoteAgent, Call]:
@@ -395,8 +421,13 @@ def _drive(agent: RemoteAgent, call: Call) -> list[dict[str, Any]]:
         _msg(agent, {"type": "response.start", "response_id": "a1"})
         _msg(agent, {"type": "mark", "response_id": "a1", "mark_id": "m1"})
         call.handles[0].ended = "interrupted"
-        await agent.on_response_interrupted(420)
+        await agent.on_playback_cut(PlaybackCut("r1", 1, 420, ("m1",), "barge_in"))
         await agent.on_mark(MarkOutcome("r1", "m1", "cleared"))
+        _msg(agent, {"type": "response.start", "response_id": "a2"})
+        await agent.on_playback_cut(PlaybackCut("r2", 2, 60, (), "agent_link"))
+        await agent.on_gate(GateChange("frozen", "open", "agent_link"))
+        _msg(agent, {"type": "transfer", "target": "sip:desk@example.com"})
+        await agent.on_transfer(TransferUpdate("trying", 100))
         await agent.on_stop()
         await agent.on_interrupted("agent_link")
         await agent.on_resumed("agent_link")
@@ -440,3 +471,84 @@ def test_chunks_for_unknown_or_dead_responses_are_dropped_and_counted() -> None:
     dropped = agent.metrics.agent_chunks_dropped
     assert dropped.labels("dead_response")._value.get() == 1
     assert dropped.labels("unknown_response")._value.get() == 1
+
+
+def test_every_cut_tells_what_was_heard_and_who_cut_it() -> None:
+    agent, _call = _agent()
+    _msg(agent, {"type": "response.start", "response_id": "a1"})
+    _msg(agent, {"type": "response.start", "response_id": "a2"})
+
+    async def cuts() -> None:
+        await agent.on_playback_cut(PlaybackCut("r1", 3, 1160, ("m1", "m2"), "canceled"))
+        await agent.on_playback_cut(PlaybackCut("r2", 4, 40, (), "media"))
+        await agent.on_playback_cut(PlaybackCut("say1", 4, 40, (), "media"))  # not the agent's
+
+    asyncio.run(cuts())
+    sent = agent.link.outbox.replay(0, 0)
+    assert [(m["type"], m["response_id"], m["generation"], m["heard_ms"]) for m in sent] == [
+        ("playback.interrupted", "a1", 3, 1160),
+        ("playback.cleared", "a2", 4, 40),
+    ]
+    assert sent[0]["marks_cleared"] == ["m1", "m2"] and sent[1]["reason"] == "media"
+    for message in sent:
+        validate("to_agent", message)
+    # A resume tells the agent the last cut: where the caller is.
+    assert agent.resume_fields() == {"last_heard": {"response_id": "a2", "heard_ms": 40}}
+
+
+def test_a_transfer_asked_by_the_agent_goes_to_the_call_and_a_refusal_is_told() -> None:
+    agent, call = _agent()
+    _msg(agent, {"type": "transfer", "target": "sip:desk@example.com"})
+    assert agent.link.outbox.replay(0, 0) == []  # under way: progress comes from the call
+    _msg(agent, {"type": "transfer", "target": "sip:other@elsewhere.test", "mode": "blind"})
+    (refused,) = agent.link.outbox.replay(0, 0)
+    assert (refused["type"], refused["state"], refused["detail"]) == (
+        "transfer.progress",
+        "refused",
+        "target is not allowed",
+    )
+    assert call.transfers == ["sip:desk@example.com", "sip:other@elsewhere.test"]
+    for bad in ({"target": "desk"}, {"mode": "consult"}, {"target": "sip:a b@x"}):
+        with pytest.raises(ProtocolError) as caught:
+            Codec("from_agent").decode_text(
+                json.dumps({**bad, "type": "transfer", "seq": 1, "ack": 0})
+            )
+        assert caught.value.code == "schema"
+
+
+def test_a_refused_resume_starts_the_session_again_once_then_gives_up() -> None:
+    link, owner, metrics = _open_link()
+    link.outbox.stamp({"type": "dtmf", "digit": "5"}, 0)  # un-acked from the old session
+    link.inbox.seq = 7
+    link._handshaken, link._pending, link._resume_token = False, asyncio.Queue(), "t" * 20
+    refused = {"type": "error", "seq": 0, "ack": 0, "code": "resume_refused", "fatal": True}
+    refused |= {"ref_seq": None, "detail": "unknown session"}
+    link._on_text(json.dumps(refused))  # seq 0: a restarted agent numbers afresh; still read
+    assert owner.events == ["restart"] and link._give_up_reason is None
+    # The next socket opens a new session: session.start as seq 1, nothing of the old one.
+    assert [(m["type"], m["seq"]) for m in link.outbox.replay(0, 0)] == [("session.start", 1)]
+    assert link.inbox.seq == 0 and link._resume_token is None
+    resumes = metrics.agent_link_resumes
+    assert (resumes.labels("refused")._value.get(), resumes.labels("restarted")._value.get()) == (
+        1,
+        1,
+    )
+    link._pending = asyncio.Queue()  # and if the agent refuses again, the call ends
+    link._on_text(json.dumps(refused))
+    assert link._give_up_reason == "the agent refused the resume"
+
+
+def test_a_restarted_session_forgets_the_old_ids_and_tells_what_was_heard() -> None:
+    agent, call = _agent()
+    _msg(agent, {"type": "response.start", "response_id": "a1"})
+    asyncio.run(agent.on_playback_cut(PlaybackCut("r1", 2, 640, (), "agent_link")))
+    body = {"type": "tool.call", "call_id": "pay-1", "tool": "charge", "arguments": {}}
+    _msg(agent, body)
+    start = agent.restart_message()
+    validate("to_agent", {**start, "seq": 1, "ack": 0})
+    assert (start["resumed"], start["last_heard"]) == (True, {"response_id": "a1", "heard_ms": 640})
+    agent.link.inbox.seq = 0
+    _msg(agent, {"type": "response.start", "response_id": "a1"})  # the new session's a1
+    _msg(agent, body)  # the new session's pay-1: a new request, with a new key
+    assert len(call.handles) == 2 and len(call.tools) == 2
+    assert call.tools[0][1] != call.tools[1][1]

@@ -259,15 +259,18 @@ class PlayoutMachine(RuleBasedStateMachine):
             m = self.responses[rid]
             while m.marks and m.marks[0][0] <= m.pulled:
                 self.pending.append(MarkHeard(rid, m.marks.pop(0)[1]))
+            cleared: list[str] = []
             while m.marks:
-                self.pending.append(MarkCleared(rid, m.marks.pop(0)[1]))
+                cleared.append(m.marks.pop(0)[1])
+                self.pending.append(MarkCleared(rid, cleared[-1]))
             m.heard = m.pulled
             if m.state == "finished" and m.pulled == m.frames:
                 m.state = "drained"
                 self.pending.append(ResponseDrained(rid, m.pulled * 20))
             else:
                 m.state = "interrupted"
-                expected.append(Interrupted(rid, m.pulled * 20))
+                # A cut names the marks it cleared (the agent is told them with the cut).
+                expected.append(Interrupted(rid, m.pulled * 20, tuple(cleared)))
         self.live.clear()
         self.queue.clear()
         self.cut()
@@ -405,7 +408,7 @@ def test_interrupt_cuts_in_one_step_and_later_chunks_are_stale() -> None:
     playout.mark("r1", "end")
     for _ in range(3):
         playout.pull()
-    assert playout.interrupt(1) == [Interrupted("r1", 60)]
+    assert playout.interrupt(1) == [Interrupted("r1", 60, ("end",))]
     assert playout.pull() == SILENCE
     assert playout.queued_ms == 0
     # The agent has not heard of the interrupt yet: its chunks, marks and finish go nowhere.

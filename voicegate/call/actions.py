@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from agents.base import GateChange
 from session.vocabulary import Interruption
 from telephony import events as ev
 from voicegate.call.call_state import CallPhase, CallState
@@ -49,13 +50,28 @@ class CallActions:
         # What a session Say plays: the needs_human handoff tells the caller why they are being
         # put through instead of saying goodbye (voicegate/call/transfer.py).
         self._prompt_for = prompt_for
+        # Told each line the session says (voicegate/call/hold.py starts after "reconnecting").
+        self.on_said: Callable[[str], None] = lambda prompt: None
 
     def clear_playout(self, generation: int) -> None:
         channel = self._state.channel
         if channel is not None and generation > channel.playout.generation:
-            channel.playout.interrupt(generation)
+            # A cut the session makes itself (a barge-in or a cancel has cut the playout
+            # already, so it never gets here): the agent hears of it like of a barge-in.
+            was = channel.playout.generation
+            self._responses.tell_cut(channel.playout.interrupt(generation), was, self._cut_reason())
         # Nothing queued before the clear may continue: the next chunk opens a new response.
         self._responses.forget()
+
+    def _cut_reason(self) -> str:
+        state = self._state.session_state
+        if state is None or state.terminal:
+            ended = state.ended if state is not None else None
+            timed_out = ended is not None and ended.terminal_state == "timed_out"
+            return "timeout" if timed_out else "ending"
+        if state.recovery is not None:
+            return state.recovery.interruptions[-1]
+        return "ending"
 
     def cancel_response(self, response_id: str) -> None:
         if self._responses.response_id == response_id:
@@ -71,6 +87,23 @@ class CallActions:
 
     def gate_changed(self, old: str, new: str) -> None:
         log.info("session.gate", extra={"call_id": self._state.call_id, "old": old, "new": new})
+        # Telling the agent is not a side effect the gate guards: whatever it asks next is
+        # checked against the gate in memory, which has already moved.
+        self._notices.tell(GateChange(new, old, self._gate_reason(old, new)))
+
+    def _gate_reason(self, old: str, new: str) -> str:
+        state = self._state.session_state
+        if state is None:
+            return ""
+        if new == "frozen" and state.recovery is not None:
+            return "+".join(state.recovery.interruptions)
+        if new == "reconciling":
+            return f"{len(state.outstanding)} tool calls to settle with the provider"
+        if new == "closed":
+            return state.ended.reason if state.ended is not None else "the session is ending"
+        if new == "open":
+            return "reconciled" if old == "reconciling" else "recovered"
+        return new
 
     def recovery_started(self, generation: int, interruption: str, deadline: float) -> None:
         log.info(
@@ -133,6 +166,7 @@ class CallActions:
 
     def say(self, prompt: str) -> None:
         self._responses.say(self._prompt_for(prompt))
+        self.on_said(prompt)
 
     def notify_agent(self, what: str, detail: str) -> None:
         # Agents are awaited from the call's own task, never from inside a step.

@@ -12,7 +12,16 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from agents.base import Agent, CallContext, CallControl, MarkOutcome, ToolResult
+from agents.base import (
+    Agent,
+    CallContext,
+    CallControl,
+    GateChange,
+    MarkOutcome,
+    PlaybackCut,
+    ToolResult,
+    TransferUpdate,
+)
 from audio.frame import Frame
 
 
@@ -84,6 +93,15 @@ class GuardedAgent(Agent):
 
     async def on_mark(self, mark: MarkOutcome) -> None:
         await self._call("on_mark", self.inner.on_mark, mark)
+
+    async def on_playback_cut(self, cut: PlaybackCut) -> None:
+        await self._call("on_playback_cut", self.inner.on_playback_cut, cut)
+
+    async def on_gate(self, change: GateChange) -> None:
+        await self._call("on_gate", self.inner.on_gate, change)
+
+    async def on_transfer(self, update: TransferUpdate) -> None:
+        await self._call("on_transfer", self.inner.on_transfer, update)
 
     async def on_tool_result(self, result: ToolResult) -> None:
         await self._call("on_tool_result", self.inner.on_tool_result, result)

@@ -35,6 +35,7 @@ from voicegate.call.call_state import CallPhase, CallState
 from voicegate.call.clock import SessionClock
 from voicegate.call.control import AgentControl, AgentWork
 from voicegate.call.hangup import HangingUp, HangupPlan
+from voicegate.call.hold import HoldAudio
 from voicegate.call.legs import OutboundLeg, unanswered_outcome
 from voicegate.call.notices import AgentNotice, AgentNotices
 from voicegate.call.responses import Responses
@@ -114,6 +115,7 @@ class LiveCall:
         self.transfer = CallTransfer(
             state, services, steps, self._hangup, self._timers, clock, self.resume
         )
+        self.transfer.tell = self._notices.tell
         self.control = AgentControl(
             state,
             services,
@@ -125,19 +127,20 @@ class LiveCall:
             steps,
             post,
         )
-        steps.attach(
-            CallActions(
-                state,
-                services,
-                clock,
-                responses=self._responses,
-                hangup=self._hangup,
-                timers=self._timers,
-                tools=self.tools,
-                notices=self._notices,
-                prompt_for=self.transfer.prompt,
-            )
+        actions = CallActions(
+            state,
+            services,
+            clock,
+            responses=self._responses,
+            hangup=self._hangup,
+            timers=self._timers,
+            tools=self.tools,
+            notices=self._notices,
+            prompt_for=self.transfer.prompt,
         )
+        self._hold = HoldAudio(state, self._responses)
+        actions.on_said = self._hold.said
+        steps.attach(actions)
 
     @property
     def tenant(self) -> str:
@@ -226,7 +229,7 @@ class LiveCall:
 
     def stop_playback(self) -> None:
         """Cut the response being played (the runtime's shutdown notice goes next)."""
-        self._responses.interrupt()
+        self._responses.interrupt(reason="ending")
 
     def announce(self, prompt: str) -> None:
         """Play a system notice (not an agent response, so not subject to barge-in)."""
@@ -465,6 +468,7 @@ class LiveCall:
             metrics.stale_frames_played.inc(playout.stale_played_frames - self._stale_played_seen)
             self._stale_played_seen = playout.stale_played_frames
         await self._playback_events(playout)
+        self._hold.on_tick()
         self._hangup.on_tick()
 
     async def _playback_events(self, playout: Playout) -> None:

@@ -11,7 +11,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from agents.base import MarkOutcome, ToolResult
+from agents.base import GateChange, MarkOutcome, PlaybackCut, ToolResult, TransferUpdate
 from voicegate.call.call_state import CallPhase, CallState
 from voicegate.tools.call_tools import CallTools, ToolDone
 
@@ -24,6 +24,9 @@ class AgentNotice:
 
     what: str
     detail: str
+    # A cut, a gate move or a transfer's progress: told while the call is up or ending (so a
+    # timeout's cut and the gate closing reach the agent before on_end).
+    payload: PlaybackCut | GateChange | TransferUpdate | None = None
 
 
 class AgentNotices:
@@ -37,6 +40,10 @@ class AgentNotices:
         """Queue a notice for the call's task to deliver."""
         self._post(AgentNotice(what, detail))
 
+    def tell(self, payload: PlaybackCut | GateChange | TransferUpdate) -> None:
+        """Queue a cut, a gate move or a transfer update for the call's task to deliver."""
+        self._post(AgentNotice(type(payload).__name__, "", payload))
+
     async def deliver(self, notice: AgentNotice) -> None:
         """A NotifyAgent or StopGeneration effect, delivered from the call's task."""
         agent = self._state.agent
@@ -46,7 +53,13 @@ class AgentNotices:
             if result is not None:
                 await self.tool_result(result)
             return
-        if agent is None or self._state.phase is not CallPhase.ANSWERED:
+        if agent is None:
+            return
+        if notice.payload is not None:
+            if self._state.phase in (CallPhase.ANSWERED, CallPhase.ENDING):
+                await self._tell(notice.payload)
+            return
+        if self._state.phase is not CallPhase.ANSWERED:
             return
         match notice.what:
             case "interrupted":
@@ -63,6 +76,17 @@ class AgentNotices:
                     "agent.unknown_notice",
                     extra={"call_id": self._state.call_id, "what": notice.what},
                 )
+
+    async def _tell(self, payload: PlaybackCut | GateChange | TransferUpdate) -> None:
+        agent = self._state.agent
+        assert agent is not None
+        match payload:
+            case PlaybackCut():
+                await agent.on_playback_cut(payload)
+            case GateChange():
+                await agent.on_gate(payload)
+            case TransferUpdate():
+                await agent.on_transfer(payload)
 
     async def tool_done(self, done: ToolDone) -> None:
         intent = self._state.outstanding(done.key)

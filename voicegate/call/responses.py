@@ -21,10 +21,12 @@ from collections.abc import Callable
 import numpy as np
 from numpy.typing import NDArray
 
-from agents.base import MarkOutcome
+from agents.base import MarkOutcome, PlaybackCut
+from audio.playout import Interrupted
 from session import events as sev
 from voicegate.call.acting import SessionSteps
 from voicegate.call.call_state import CallPhase, CallState
+from voicegate.call.notices import AgentNotice
 from voicegate.call.services import CallServices
 
 log = logging.getLogger("voicegate.call")
@@ -166,7 +168,7 @@ class Responses:
 
     def cancel(self, handle: ResponseHandle) -> None:
         if handle.id == self.response_id:
-            self.interrupt(why="canceled")
+            self.interrupt(why="canceled", reason="canceled")
         else:
             handle.end("canceled")
 
@@ -203,23 +205,41 @@ class Responses:
         self.response_id, self.open = None, False
         self._steps.try_apply(sev.ResponseFinished(response_id, heard))
 
-    def interrupt(self, why: str = "interrupted") -> int | None:
-        """Cut the active response at once; the session records how much the caller heard."""
+    def interrupt(self, why: str = "interrupted", reason: str = "barge_in") -> int | None:
+        """Cut the active response at once; the session records how much the caller heard, and
+        the agent is told (a :class:`~agents.base.PlaybackCut` with ``reason``)."""
         response_id, channel, session = self.response_id, self._state.channel, self._state.session
         if self._handle is not None and self._handle.id == response_id:
             self._handle.end(why)
         if response_id is None or channel is None or session is None:
             return None
         playout = channel.playout
+        generation = playout.generation
         # Stop the audio first (the cut is exact), then make it durable: no frame of the old
         # generation leaves the bridge while the log is written.
         cut = playout.interrupt(max(playout.generation, session.state.playback_generation) + 1)
+        self.tell_cut(cut, generation, reason)
         heard = next((c.heard_ms for c in cut if c.response_id == response_id), None)
         if heard is None:
             heard = playout.heard_ms(response_id)
         self.response_id, self.open = None, False
         self._steps.try_apply(sev.ResponseInterrupted(response_id, heard))
         return heard
+
+    def tell_cut(self, cut: list[Interrupted], generation: int, reason: str) -> None:
+        """Tell the agent of each of its responses a cut ended (never the session's own lines:
+        the agent did not make them)."""
+        for one in cut:
+            if not one.response_id.startswith("say"):
+                self._post(
+                    AgentNotice(
+                        "PlaybackCut",
+                        "",
+                        PlaybackCut(
+                            one.response_id, generation, one.heard_ms, one.marks_cleared, reason
+                        ),
+                    )
+                )
 
     def drained(self, response_id: str, heard_ms: int) -> None:
         """The playout sent the last of ``response_id``: the session records it finished."""
@@ -232,6 +252,13 @@ class Responses:
         channel = self._state.channel
         if channel is None or self._state.phase is not CallPhase.ANSWERED:
             return
+        self.say_audio(self._services.prompt(prompt, channel.rate))
+
+    def say_audio(self, samples: NDArray[np.int16]) -> None:
+        """Audio of the session's own (a line, hold audio) at the call's rate, queued now."""
+        channel = self._state.channel
+        if channel is None or self._state.phase is not CallPhase.ANSWERED:
+            return
         playout = channel.playout
         if self.open and self.response_id is not None:
             # The agent's response in progress ends here: the session speaks now.
@@ -241,5 +268,5 @@ class Responses:
         self._says += 1
         say_id = f"say{self._says}"
         playout.begin(say_id, playout.generation)
-        playout.admit(say_id, playout.generation, self._services.prompt(prompt, channel.rate))
+        playout.admit(say_id, playout.generation, samples)
         playout.finish(say_id)

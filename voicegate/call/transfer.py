@@ -17,8 +17,10 @@ the guard, whichever comes first.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from agents.base import TransferUpdate
 from config.settings import TRANSFER_MODES, TransferSettings
 from session import events as sev
 from session.resume import Handle
@@ -79,6 +81,8 @@ class CallTransfer:
         self.mode = MODE  # the transfer in progress's: blind, or bridge (voicegate/call/bridge.py)
         self.bridge = CallBridge(state, services, steps)
         hangup.before_bye = self._maybe_hand_off
+        # How the agent hears of the transfer's progress (voicegate/call/notices.py).
+        self.tell: Callable[[TransferUpdate], None] = lambda update: None
 
     @property
     def settings(self) -> TransferSettings:
@@ -152,6 +156,7 @@ class CallTransfer:
             self._steps.after_durable(lambda: self.bridge.place(target, consult=consult))
         else:
             self._steps.after_durable(lambda: self._send_refer(target))
+        self.tell(TransferUpdate("started"))
         return None
 
     def _send_refer(self, target: str) -> None:
@@ -195,7 +200,8 @@ class CallTransfer:
         if not report.final:
             if report.status == 100 and not self._accepted:
                 self._accepted = True  # the REFER's 2xx (pjsua reports it as 100 Accepted)
-            self._steps.try_apply(sev.TransferProgress(report.status))
+            if self._steps.try_apply(sev.TransferProgress(report.status)):
+                self.tell(TransferUpdate("trying", report.status))
             return
         ok = 200 <= report.status < 300
         generation = state.recovery.generation
@@ -206,10 +212,13 @@ class CallTransfer:
                 self.mode = BRIDGE
                 target = state.transfer_target
                 log.info("transfer.fell_back", extra={"call_id": self._state.call_id})
+                self.tell(TransferUpdate("trying", report.status, "REFER refused: bridging"))
                 self._steps.after_durable(lambda: self.bridge.place(target))
             return
         if self._steps.try_apply(sev.TransferFinished(generation, ok=ok, status=report.status)):
-            metrics.transfers.labels(self.mode, self._outcome(report)).inc()
+            outcome = self._outcome(report)
+            metrics.transfers.labels(self.mode, outcome).inc()
+            self.tell(TransferUpdate(outcome, report.status))
             if not ok:
                 self.bridge.give_up()  # an attended transfer's consult leg, if still there
 
@@ -230,6 +239,7 @@ class CallTransfer:
             self._services.metrics.transfers.labels(self.mode, "timed_out").inc()
             log.warning("transfer.timed_out", extra={"call_id": self._state.call_id})
             self.bridge.give_up()
+            self.tell(TransferUpdate("failed", 0, "no final NOTIFY in time"))
 
     def caller_left(self, was_transferring: bool) -> None:
         if was_transferring:

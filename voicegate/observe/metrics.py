@@ -19,6 +19,7 @@ from prometheus_client import (
 )
 
 from agents.base import AGENT_CALLS, RESPONSE_ENDINGS
+from agents.remote.protocol import ERROR_CODES
 from session.vocabulary import Interruption, LegOutcome, Outcome, RecoveryOutcome, Terminal
 
 # Why the control API refused a request (voicegate/control/auth.py); a closed vocabulary.
@@ -180,8 +181,9 @@ class Metrics:
         )
         self.agent_link_resumes = Counter(
             "voicegate_agent_link_resumes_total",
-            "Redials of a dropped remote-agent link, by result (resumed, refused, failed: not "
-            "back within agent.reconnect_deadline_s)",
+            "Redials of a dropped remote-agent link, by result (resumed, refused, restarted: a "
+            "new session.start after a refused resume, failed: not back within "
+            "agent.reconnect_deadline_s)",
             ["result"],
             registry=r,
         )
@@ -201,7 +203,8 @@ class Metrics:
         )
         self.agent_protocol_errors = Counter(
             "voicegate_agent_protocol_errors_total",
-            "Remote-agent messages refused with an in-band error, by error code",
+            "Remote-agent messages refused with an in-band error, by error code "
+            "(docs/agent-protocol.md, Errors)",
             ["kind"],
             registry=r,
         )
@@ -369,12 +372,14 @@ class Metrics:
             self.dead_response_frames.labels(ending)
         for state in ("connecting", "open", "lost"):
             self.agent_links.labels(state)
-        for result in ("resumed", "refused", "failed"):
+        for result in ("resumed", "refused", "restarted", "failed"):
             self.agent_link_resumes.labels(result)
         for direction in ("to_agent", "from_agent"):
             self.agent_replayed_messages.labels(direction)
         for reason in ("unknown_response", "dead_response"):
             self.agent_chunks_dropped.labels(reason)
+        for code in ERROR_CODES:
+            self.agent_protocol_errors.labels(code)
         # The refusals the capacity alert watches (telephony/admission.py).
         self.calls_refused.labels("capacity", "486")
         self.calls_refused.labels("setup_rate", "503")
