@@ -26,6 +26,11 @@ MAX_VALUE_CHARS = 256
 MAX_NAME_CHARS = 64
 
 RESUME_HEADER = "X-Voicegate-Resume"
+# Our own front door's header (the caller's source address, voicegate/pool/kamailio_config.py):
+# on every INVITE through a pool, and no context of the caller's.
+SOURCE_HEADER = "X-Voicegate-Source"
+# A resume handle's prefix (session/resume.py), as it would appear in decoded User-to-User data.
+_HANDLE_PREFIX = b"vgr1."
 
 # RFC 3261 section 25.1: a header name is a token. We keep X- names made of letters, digits and
 # '-' only (what call-centre platforms send), so a name is safe as a JSON key and in a log line.
@@ -73,6 +78,8 @@ def read_context(whole_msg: str) -> InboundContext:
         if key == RESUME_HEADER.lower():
             dropped[RESUME_HEADER] = "a resume handle is never recorded"
             continue
+        if key == SOURCE_HEADER.lower():
+            continue
         if len(name) > MAX_NAME_CHARS or (key.startswith("x-") and not _X_NAME.match(name)):
             dropped[_printable(name)[:MAX_NAME_CHARS]] = "not a header name we keep"
             continue
@@ -97,9 +104,26 @@ def _refusal(key: str, value: str) -> str | None:
         return f"longer than {MAX_VALUE_CHARS} characters"
     if not _VALUE.match(value):
         return "not printable ASCII"
-    if key == UUI_HEADER.lower() and not (_UUI.match(value) and _UUI_HEX_DECLARED.search(value)):
-        return "not hex User-to-User data with ;encoding=hex (RFC 7433 section 4.1)"
+    if key == UUI_HEADER.lower():
+        if not (_UUI.match(value) and _UUI_HEX_DECLARED.search(value)):
+            return "not hex User-to-User data with ;encoding=hex (RFC 7433 section 4.1)"
+        if _carries_handle(value):
+            return "a resume handle is never recorded"
     return None
+
+
+def _carries_handle(uui: str) -> bool:
+    """Whether hex User-to-User data (each occurrence) decodes to text holding a resume handle:
+    a centre may hand one back in UUI instead of X-Voicegate-Resume."""
+    for part in uui.split(","):
+        data = part.split(";", 1)[0].strip()
+        try:
+            decoded = bytes.fromhex(data if len(data) % 2 == 0 else "0" + data)
+        except ValueError:
+            continue
+        if _HANDLE_PREFIX in decoded.lower():
+            return True
+    return False
 
 
 def _masked(key: str, value: str) -> str:

@@ -78,6 +78,8 @@ _DISPLAY = re.compile(r'"([^"]*)"\s*<')
 
 
 _RESUME_HANDLE = re.compile(r"vgr1\.[0-9a-f]{16}\.[A-Za-z0-9_-]{43}")
+# The same, hex-encoded as User-to-User data would carry it ("vgr1." is 76 67 72 31 2e in hex).
+_RESUME_HANDLE_HEX = re.compile(r"(?i)766772312e(?:[0-9a-f]{2})+")
 
 
 def mask_text(text: str, keep: int = 3) -> str:
@@ -85,6 +87,7 @@ def mask_text(text: str, keep: int = 3) -> str:
     :func:`mask_uri` does, and every resume handle replaced: for text that may quote whole SIP
     messages (PJSIP's own log lines; a REFER carries X-Voicegate-Resume)."""
     text = _RESUME_HANDLE.sub("vgr1.<redacted>", text)
+    text = _RESUME_HANDLE_HEX.sub("<redacted>", text)
     text = _ANY_USER.sub(lambda m: m.group(1) + _mask_digits(m.group(2), keep), text)
     return _DISPLAY.sub(lambda m: '"' + _mask_digits(m.group(1), keep) + '" <', text)
 

@@ -430,6 +430,11 @@ class Runtime:
         """Place an outbound call to ``target`` (voicegate/call/legs.py) for ``tenant``, whose
         agent answers it: its session id once its session is durable (so ``/v1/sessions/{id}``
         finds it; the INVITE follows), else why not."""
+        if self.tenants.get(tenant) is None:
+            # An open API (no keys) over tables that declare no "default" tenant.
+            return PlaceRefused(
+                403, f"no tenant {tenant!r} to place the call for: use a tenant's API key"
+            )
         if not self.settings.outbound.allows(target):
             return PlaceRefused(403, "target is not in outbound.allowed_targets", "target")
         if self.draining or not self.sip_ready:

@@ -1,6 +1,6 @@
 """Run the conformance kit against your own remote agent.
 
-    python -m tests.conformance --agent-url ws://127.0.0.1:9000/agent --secret "$AGENT_SECRET"
+    CONFORMANCE_AGENT_SECRET=... python -m tests.conformance --agent-url ws://127.0.0.1:9000/agent
 
 The kit starts voicegate (a real server), SIPp callers and its chaos proxy; your agent must be
 running and accept tokens signed with ``--secret`` for ``--agent-url`` (the proxy re-signs
@@ -24,7 +24,12 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m tests.conformance", description=__doc__.split("\n", 1)[0]
     )
     parser.add_argument("--agent-url", help="your agent's ws:// or wss:// URL (default: example)")
-    parser.add_argument("--secret", help="the secret your agent checks tokens with")
+    parser.add_argument(
+        "--secret",
+        default=os.environ.get("CONFORMANCE_AGENT_SECRET"),
+        help="the secret your agent checks tokens with (default: $CONFORMANCE_AGENT_SECRET, which "
+        "keeps it out of the process list)",
+    )
     parser.add_argument("--ca-file", help="for a wss:// agent: a PEM of the CAs to trust")
     parser.add_argument(
         "--no-tools",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -25,7 +25,7 @@ from tests.integration.test_remote_agents import SECRET, ExampleAgent
 @dataclass(frozen=True, slots=True)
 class AgentUnderTest:
     url: str
-    secret: str
+    secret: str = field(repr=False)  # never in pytest's output
     tools: bool  # it calls the charge tool when the caller presses 1 (as the example does)
 
 

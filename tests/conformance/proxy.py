@@ -64,7 +64,7 @@ class Passed:
 @dataclass
 class ChaosProxy:
     agent_url: str
-    secret: str
+    secret: str = field(repr=False)
     port: int
     host: str = "127.0.0.1"
     tls: ssl.SSLContext | bool = True  # for a wss:// agent: the CAs to trust (default: system's)

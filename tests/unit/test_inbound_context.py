@@ -96,3 +96,19 @@ def test_any_header_lines_give_bounded_printable_context(pairs: list[tuple[str, 
         assert name.startswith(("X-", "x-")) and len(name) <= 64
         assert len(value) <= MAX_VALUE_CHARS and value.isprintable() and value.isascii()
     assert set(ctx.headers).isdisjoint(ctx.dropped)
+
+
+def test_a_resume_handle_in_user_to_user_is_never_recorded() -> None:
+    # A centre that hands the caller back with the handle hex-encoded in UUI instead of
+    # X-Voicegate-Resume: the handle is a secret, the header is dropped whole.
+    handle = "vgr1.0123456789abcdef." + "A" * 43
+    ctx = read_context(_invite(f"User-to-User: {handle.encode().hex()};encoding=hex"))
+    assert ctx.headers == {}
+    assert ctx.dropped == {"User-to-User": "a resume handle is never recorded"}
+    assert handle.encode().hex() not in str(ctx.as_meta())
+
+
+def test_the_front_doors_source_header_is_not_the_callers_context() -> None:
+    # Kamailio adds X-Voicegate-Source to every INVITE it relays: it is not a transfer context.
+    ctx = read_context(_invite("X-Voicegate-Source: 203.0.113.7"))
+    assert ctx.as_meta() == {}

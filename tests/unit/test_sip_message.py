@@ -80,3 +80,12 @@ def test_pjsip_log_text_has_callers_masked() -> None:
     assert "5551230" not in masked
     assert masked.count("199") == 4  # the last three digits stay, as mask_uri keeps them
     assert "10.0.0.1:5060" in masked  # hosts and ports are left alone
+
+
+def test_a_resume_handle_is_redacted_from_pjsip_text_in_clear_and_hex_encoded() -> None:
+    handle = "vgr1.0123456789abcdef." + "b" * 43
+    uui = handle.encode().hex().upper()
+    line = f"X-Voicegate-Resume: {handle}\r\nUser-to-User: {uui};encoding=hex"
+    masked = mask_text(line)
+    assert handle not in masked and handle.encode().hex() not in masked.lower()
+    assert "User-to-User: <redacted>;encoding=hex" in masked

@@ -200,25 +200,25 @@ async def transfer_call(request: web.Request) -> web.Response:
     if isinstance(body, web.Response):
         return body
     refused = runtime.transfer(call_id, body["target"], body.get("mode"))
-    transfer = runtime.transfer_for(live.tenant if live is not None else DEFAULT_TENANT)
     if refused is not None:
+        # Only a live call can be refused for its target: its tenant's patterns are the answer.
+        allowed = (
+            {"allowed_targets": list(runtime.transfer_for(live.tenant).allowed_targets)}
+            if refused.status == 403 and live is not None
+            else {}
+        )
         return json_error(
-            refused.status,
-            refused.message,
-            field=refused.field,
-            call_id=call_id,
-            **(
-                {"allowed_targets": list(transfer.allowed_targets)}
-                if refused.status == 403
-                else {}
-            ),
+            refused.status, refused.message, field=refused.field, call_id=call_id, **allowed
         )
     return web.json_response(
         {
             "call_id": call_id,
             "transferring": True,
             "target": body["target"],
-            "mode": body.get("mode", transfer.default_mode),
+            # Under way means live: its tenant's default mode applies.
+            "mode": body.get("mode") or runtime.transfer_for(live.tenant).default_mode
+            if live is not None
+            else body.get("mode"),
             "session": f"/v1/sessions/{call_id}",
         },
         status=202,
