@@ -304,14 +304,25 @@ async def list_sessions(request: web.Request) -> web.Response:
     )
 
 
-async def get_session(request: web.Request) -> web.Response:
-    view = request.app[SESSIONS]
-    session_id = request.match_info["session_id"]
-    summary = view.store.get(session_id)
+def own_session(
+    request: web.Request, store: SessionStore, session_id: str
+) -> SessionSummary | web.Response:
+    """The session asked about, if it exists and the request's key may see it; else the 404, or
+    the 403 for another tenant's session."""
+    summary = store.get(session_id)
     if summary is None:
         return json_error(404, "no such session", session_id=session_id)
     if refusal := foreign(request, summary.tenant, session_id=session_id):
         return refusal
+    return summary
+
+
+async def get_session(request: web.Request) -> web.Response:
+    view = request.app[SESSIONS]
+    session_id = request.match_info["session_id"]
+    summary = own_session(request, view.store, session_id)
+    if isinstance(summary, web.Response):
+        return summary
     if summary.terminal_state is None:
         await view.reap()  # seed 004: a dead process's session is finalised when it is read
     session = DurableSession.load(view.store, session_id)
@@ -385,11 +396,9 @@ async def get_handoff(request: web.Request) -> web.Response:
     """What a person taking the call over needs (voicegate/control/handoff.py)."""
     view = request.app[SESSIONS]
     session_id = request.match_info["session_id"]
-    summary = view.store.get(session_id)
-    if summary is None:
-        return json_error(404, "no such session", session_id=session_id)
-    if refusal := foreign(request, summary.tenant, session_id=session_id):
-        return refusal
+    summary = own_session(request, view.store, session_id)
+    if isinstance(summary, web.Response):
+        return summary
     body = handoff(view.store, session_id, live=view.is_live(session_id))
     if body is None:
         return json_error(404, "no such session", session_id=session_id)
@@ -401,11 +410,9 @@ async def new_resume_handle(request: web.Request) -> web.Response:
     supersedes the session's previous one and is shown here once; only its digest is kept."""
     view = request.app[SESSIONS]
     session_id = request.match_info["session_id"]
-    summary = view.store.get(session_id)
-    if summary is None:
-        return json_error(404, "no such session", session_id=session_id)
-    if refusal := foreign(request, summary.tenant, session_id=session_id):
-        return refusal
+    summary = own_session(request, view.store, session_id)
+    if isinstance(summary, web.Response):
+        return summary
     handle = issue(session_id, summary.tenant, now=time.time(), ttl_s=view.resume_ttl_s)
     try:
         await view.record_resume(handle.record)
