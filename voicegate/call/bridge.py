@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Callable
 
+from agents.base import TransferUpdate
 from session import events as sev
 from session.resume import Handle
 from session.state import Signaling
@@ -59,6 +61,10 @@ class CallBridge:
         self._counted = False  # the transfer's outcome went into the metric
         self.consult = False  # the leg is an attended transfer's consult leg, not a bridge's
         self._refer_sent = False  # (attended) the REFER with Replaces went out
+        # How the agent hears how the leg went (CallTransfer forwards it to its own ``tell``):
+        # completed once bridged, failed (refused: no slot) when the target is not reached. An
+        # attended transfer's completion is its REFER's final NOTIFY, told by CallTransfer.
+        self.tell: Callable[[TransferUpdate], None] = lambda update: None
 
     def has_slot(self) -> bool:
         """Whether the worker has a free call slot for the bridge's leg (the pair holds two)."""
@@ -119,6 +125,7 @@ class CallBridge:
                     self.up = True
                     self._services.metrics.bridged_legs.inc(2)
                     log.info("transfer.bridged", extra={"call_id": self._state.call_id})
+                    self.tell(TransferUpdate("completed", 200, "bridged"))
             case ev.CallEnded(status=status):
                 self.leg_id = None
                 log.info(
@@ -139,7 +146,9 @@ class CallBridge:
                     if self._steps.try_apply(
                         sev.TransferFinished(generation, ok=False, status=status)
                     ):
-                        self._count("refused" if status == 503 else "failed")
+                        outcome = "refused" if status == 503 else "failed"
+                        self._count(outcome)
+                        self.tell(TransferUpdate(outcome, status))
             case _:
                 pass
 

@@ -83,6 +83,7 @@ class CallTransfer:
         hangup.before_bye = self._maybe_hand_off
         # How the agent hears of the transfer's progress (voicegate/call/notices.py).
         self.tell: Callable[[TransferUpdate], None] = lambda update: None
+        self.bridge.tell = lambda update: self.tell(update)  # whatever ``tell`` is set to later
 
     @property
     def settings(self) -> TransferSettings:
