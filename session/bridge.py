@@ -8,8 +8,10 @@ after its REFER was refused): the gate freezes, the response is cut, and the tra
 runs, as for a blind transfer. Then:
 
 - ``bridge_up`` (the target answered, media connected): signaling ``bridged``; the recovery ends
-  (the caller is with a person now, not waiting for us) and the guard is dropped. The gate stays
-  frozen: no turns, responses or tools while people talk.
+  (the caller is with a person now, not waiting for us) and every deadline but max duration is
+  dropped (the guard, no-input's ladder). The gate stays frozen: no turns, responses or tools
+  while people talk, and the agent's link dropping or the agent failing ends nothing: its part
+  is over.
 - ``bridge_ended``: whoever hung up, the session ends ``completed``, reason "bridged: the caller
   hung up" or "bridged: the target hung up" (``needs_human`` at stage ``transfer`` with a tool
   outcome still unknown, as for a blind transfer); the side still there gets our BYE.
@@ -25,7 +27,7 @@ from dataclasses import replace
 from session import effects as fx
 from session import ending
 from session import events as ev
-from session.deadlines import RECOVERY_TIMERS, drop
+from session.deadlines import KEPT_WHEN_BRIDGED, drop
 from session.errors import IllegalTransition
 from session.recovery import finished, stale_generation
 from session.state import SessionState, Signaling
@@ -59,7 +61,10 @@ def on_bridge_up(state: SessionState, event: ev.BridgeUp, now: float) -> Result:
     recovery = state.recovery
     assert recovery is not None  # a transfer always runs under its recovery
     out.append(finished(recovery, RecoveryOutcome.CANCELED, now))
-    state = drop(replace(state, recovery=None), RECOVERY_TIMERS, out)
+    # The recovery's timers, and no-input's ladder: its "still there?" would reach nobody (our
+    # media port is off the caller) and its end would hang up on two people talking.
+    dropped = tuple(name for name in sorted(state.deadlines) if name not in KEPT_WHEN_BRIDGED)
+    state = drop(replace(state, recovery=None), dropped, out)
     return replace(state, signaling=Signaling.BRIDGED, transfer_status=200), out
 
 

@@ -12,7 +12,7 @@ import enum
 from dataclasses import replace
 
 from session import effects as fx
-from session.state import Deadline, SessionState
+from session.state import Deadline, SessionState, Signaling
 
 
 class Timer(enum.StrEnum):
@@ -31,6 +31,10 @@ class Timer(enum.StrEnum):
 # The recovery's own deadlines, dropped together when it ends.
 RECOVERY_TIMERS = (Timer.RECOVERY, Timer.HONESTY, Timer.RETRY, Timer.TRANSFER)
 
+# What still bounds a bridged call: people talk through us, so nothing may ask them "still
+# there?" or hang up on their silence (our media port is off the caller); only the call's cost.
+KEPT_WHEN_BRIDGED = (Timer.MAX_DURATION,)
+
 
 def arm(
     state: SessionState,
@@ -48,7 +52,9 @@ def arm(
 
 def arm_no_input(state: SessionState, now: float, out: fx.Effects) -> SessionState:
     """(Re)start the no-input deadline: the caller did something, count from now."""
-    if state.policy.no_input_s <= 0:
+    if state.policy.no_input_s <= 0 or state.signaling is Signaling.BRIDGED:
+        # Bridged, the caller's silence is the people's business, not ours (a turn still
+        # open when the transfer began may commit later).
         return state
     if Timer.NO_INPUT_FINAL in state.deadlines:
         out.append(fx.CancelTimer(Timer.NO_INPUT_FINAL))

@@ -630,6 +630,8 @@ BRIDGED = frozenset({Signaling.BRIDGED})  # people talk through us: no turns, re
 DIALOG_ALIVE = CALL_UP | BRIDGED  # someone is on the caller's line
 REINVITE_PENDING = frozenset({Signaling.REINVITE_PENDING})
 OWNED = OFFERED | DIALOG_ALIVE  # a process serves the call (OwnerLost leaves it GONE)
+# Bridged, the people talk and the agent's part is over: its failure (or its link's) ends nothing.
+AGENT_NEEDED = AFTER_OFFER - BRIDGED
 
 E = TypeVar("E", bound=ev.Event)
 
@@ -659,6 +661,7 @@ class Rule(Generic[E]):
 
 
 _NOT_UP = Refuse("the call is not up")
+_AGENT_DONE = Ignore("bridged: the agent's part is over")
 
 # fmt: off
 TRANSITIONS: Mapping[type[ev.Event], Rule[Any]] = {rule.event: rule for rule in (
@@ -689,14 +692,14 @@ TRANSITIONS: Mapping[type[ev.Event], Rule[Any]] = {rule.event: rule for rule in 
     Rule(ev.CallerHangup, AFTER_OFFER, _on_caller_hangup),
     Rule(ev.ServerHangup, AFTER_OFFER, _on_server_hangup),
     Rule(ev.DialogFailed, AFTER_OFFER, _on_dialog_failed),
-    Rule(ev.AgentFailed, AFTER_OFFER, _on_agent_failed),
+    Rule(ev.AgentFailed, AGENT_NEEDED, _on_agent_failed, _AGENT_DONE),
     Rule(ev.SessionExpired, AFTER_OFFER, _on_session_expired),
     # media and agent link
     Rule(ev.MediaLost, CALL_UP, _on_media_lost, _NOT_UP),
     Rule(ev.MediaRestored, AFTER_OFFER, _on_media_restored),
     Rule(ev.AgentLinkLost, CALL_UP, _on_agent_link_lost, _NOT_UP),
     Rule(ev.AgentLinkRestored, AFTER_OFFER, _on_agent_link_restored),
-    Rule(ev.AgentLinkFailed, AFTER_OFFER, _on_agent_link_failed),
+    Rule(ev.AgentLinkFailed, AGENT_NEEDED, _on_agent_link_failed, _AGENT_DONE),
     # conversation
     Rule(ev.TurnStarted, CALL_UP, _on_turn_started, _NOT_UP),
     Rule(ev.TurnCommitted, AFTER_OFFER, _on_turn_committed),

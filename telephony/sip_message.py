@@ -92,6 +92,12 @@ def mask_text(text: str, keep: int = 3) -> str:
     return _DISPLAY.sub(lambda m: '"' + _mask_digits(m.group(1), keep) + '" <', text)
 
 
+def mask_number(number: str, keep: int = 3) -> str:
+    """A bare number (a Request-URI's user part, ``+15550100``) masked as :func:`mask_uri` masks
+    one inside a URI: every digit but the last ``keep``."""
+    return _mask_digits(number, keep)
+
+
 def _mask_digits(text: str, keep: int) -> str:
     digits = [i for i, ch in enumerate(text) if ch.isdigit()]
     hidden = set(digits[:-keep] if keep else digits)

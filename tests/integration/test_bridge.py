@@ -5,21 +5,47 @@ tcpdump to prove that audio flows both ways through voicegate's conference bridg
 
 from __future__ import annotations
 
+import hashlib
+import re
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from session.store.sqlite import SqliteSessionStore
 from tests.integration.harness import LOOPBACK, Server, ServerFactory, Sipp, free_port, wait_for
 from tests.integration.rtp_capture import Capture, RtpPacket
+from tests.secret_audit import AUDIT
 
 ENV = {"VOICEGATE_TRANSFER_ALLOWED_TARGETS": "sip:desk@127.0.0.1:*"}
 LOUD = 500.0  # A-law speech frames of the sample capture; silence is under 50
 
 
-def _desk(tmp_path: Path) -> tuple[Sipp, str]:
+def _desk(tmp_path: Path, scenario: str = "uas-callcentre.xml") -> tuple[Sipp, str]:
     port = free_port()
-    sipp = Sipp("uas-callcentre.xml", "", tmp_path / "desk", port=port).start()
+    # -trace_logs: the desk logs the resume handle its INVITE carried (_check_handle).
+    log = tmp_path / "desk" / "desk-logs.log"
+    extra = ("-trace_logs", "-log_file", str(log))
+    sipp = Sipp(scenario, "", tmp_path / "desk", port=port, extra=extra).start()
     return sipp, f"sip:desk@{LOOPBACK}:{port}"
+
+
+def _check_handle(server: Server, tmp_path: Path, session_id: str, transfers: int = 1) -> None:
+    """The resume handle on the desk's INVITE is the session's current one in the store, kept
+    as a digest only (docs/tenants.md: a new handle on every transfer)."""
+    (handle,) = re.findall(
+        r"X-Voicegate-Resume: (\S+)", (tmp_path / "desk" / "desk-logs.log").read_text()
+    )
+    AUDIT.register(handle, "resume handle sent on a bridge's INVITE", "test_bridge.py")
+    _prefix, selector, verifier = handle.split(".")
+    store = SqliteSessionStore(server.data_dir / "voicegate.sqlite3")
+    try:
+        record = store.resume_handle(selector)
+    finally:
+        store.close()
+    assert record is not None
+    assert record.verifier_digest == hashlib.sha256(verifier.encode()).hexdigest()
+    assert (record.session_id, record.tenant, record.state) == (session_id, "default", "current")
+    assert server.metric("voicegate_resume_handles_issued_total", reason="transfer") == transfers
 
 
 def _answered_call(server: Server) -> str:
@@ -74,6 +100,7 @@ def test_a_bridged_transfer_carries_audio_both_ways_until_the_caller_hangs_up(
     assert [e["payload"] for e in started] == [{"target": target, "mode": "bridge"}]
     assert server.metric("voicegate_bridged_legs_active") == 0
     assert server.metric("voicegate_transfers_total", mode="bridge", outcome="completed") == 1
+    _check_handle(server, tmp_path, session["session_id"])
 
     # What voicegate sent, by its own RTP port: the caller's leg started first (the greeting),
     # the desk's leg when the desk answered. The desk's leg carries only what the bridge gives
@@ -118,6 +145,8 @@ def test_a_refused_refer_falls_back_to_a_bridge_with_the_context_on_the_invite(
     assert "transfer_failed" not in said
     assert server.metric("voicegate_transfers_total", mode="blind", outcome="refused") == 1
     assert server.metric("voicegate_transfers_total", mode="bridge", outcome="completed") == 1
+    # The refused REFER carried a handle too: the bridge's INVITE has a newer one, the current.
+    _check_handle(server, tmp_path, session["session_id"], transfers=2)
 
 
 def test_a_bridge_without_a_free_slot_is_refused_up_front_and_changes_nothing(
@@ -204,9 +233,7 @@ def _said(session: dict[str, Any]) -> list[str]:
 def test_an_attended_transfer_consults_the_target_then_refers_with_replaces(
     server_factory: ServerFactory, tmp_path: Path
 ) -> None:
-    port = free_port()
-    target_leg = Sipp("uas-consult.xml", "", tmp_path / "target", port=port).start()
-    target = f"sip:desk@{LOOPBACK}:{port}"
+    target_leg, target = _desk(tmp_path, "uas-consult.xml")
     server = server_factory(**ENV)
     caller = Sipp("uac-transfer-attended.xml", server.sip_target, tmp_path).start()
     call_id = _answered_call(server)
@@ -228,6 +255,7 @@ def test_an_attended_transfer_consults_the_target_then_refers_with_replaces(
     assert types.index("consult_answered") < types.index("transfer_finished")
     assert "transfer_consulting" in _said(session)  # the caller was told to hold
     assert server.metric("voicegate_transfers_total", mode="attended", outcome="completed") == 1
+    _check_handle(server, tmp_path, session["session_id"])
 
 
 def test_a_consult_that_fails_takes_the_caller_off_hold_back_to_the_agent(

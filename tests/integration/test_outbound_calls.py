@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.integration.harness import LOOPBACK, Server, ServerFactory, Sipp, free_port, wait_for
+from tests.secret_audit import AUDIT
 
 ENV = {"VOICEGATE_OUTBOUND_ALLOWED_TARGETS": "sip:callee@127.0.0.1:*"}
 
@@ -66,6 +67,35 @@ def test_an_answered_outbound_call_is_an_ordinary_session_until_the_callee_hangs
     assert session["meta"]["direction"] == "outbound"
     assert session["meta"]["callee"] == target  # no digits to mask in this URI
     assert _outcomes(server) == {**dict.fromkeys(_outcomes(server), 0.0), "answered": 1.0}
+
+
+CALLEE_NUMBER = "+15550100"
+AUDIT.register(CALLEE_NUMBER, "callee number, unmasked", "test_outbound_calls.py")
+
+
+def test_a_callee_number_is_masked_in_the_log_the_session_and_the_api(
+    server_factory: ServerFactory, tmp_path: Path
+) -> None:
+    # STYLE.md habit 10: the number an outbound leg calls is a person's, like a caller's. The
+    # audit (registered above) fails the run if it is anywhere in clear in the server's log.
+    server = server_factory(VOICEGATE_OUTBOUND_ALLOWED_TARGETS="sip:*@127.0.0.1:*")
+    port = free_port()
+    sipp = Sipp("uas-answer.xml", "", tmp_path, port=port).start()
+    target = f"sip:{CALLEE_NUMBER}@{LOOPBACK}:{port}"
+    call_id = _place(server, target)
+    (call,) = wait_for(
+        lambda: [c for c in server.live_calls() if c["call_id"] == call_id], 15, "the leg"
+    )
+    assert (call["called_user"], call["caller"]) == (
+        "+*****100",
+        f"sip:+*****100@{LOOPBACK}:{port}",
+    )
+    assert sipp.wait() == 0, sipp.errors()
+    session = _ended(server, call_id)
+    assert session["meta"]["called_user"] == "+*****100"
+    assert session["meta"]["callee"] == f"sip:+*****100@{LOOPBACK}:{port}"
+    (offered,) = [e for e in server.log_events() if e.get("event") == "call.offered"]
+    assert offered["called_user"] == "+*****100"
 
 
 def test_a_busy_callee_is_the_outcome_busy(server_factory: ServerFactory, tmp_path: Path) -> None:

@@ -344,6 +344,69 @@ def test_an_agent_asks_for_a_transfer_and_hears_its_progress(
     assert server.metric("voicegate_transfers_total", mode="blind", outcome="completed") == 1
 
 
+def test_an_agent_hears_its_bridge_completed_and_its_link_dying_then_ends_nothing(
+    server_factory: ServerFactory, agent: ExampleAgent, tmp_path: Path
+) -> None:
+    port = free_port()
+    # This desk answers, talks for 5 s and hangs up itself.
+    desk = Sipp("uas-answer.xml", "", tmp_path / "desk", port=port).start()
+    server = server_factory(
+        **agent.env(deadline_s=1.0),
+        VOICEGATE_TRANSFER_ALLOWED_TARGETS=f"sip:desk@{LOOPBACK}:*",
+        VOICEGATE_TRANSFER_DEFAULT_TARGET=f"sip:desk@{LOOPBACK}:{port}",
+        VOICEGATE_TRANSFER_DEFAULT_MODE="bridge",
+    )
+    # The caller presses 0: the agent asks for a transfer, the configured mode bridges it.
+    sipp = Sipp("uac-transfer-key0-bridged.xml", server.sip_target, tmp_path).start()
+
+    def progress() -> list[tuple[str, int]]:
+        told = agent_told(agent)
+        return [(m["state"], m["status"]) for m in told if m["type"] == "transfer.progress"]
+
+    wait_for(lambda: ("completed", 200) in progress(), 15, "the agent to hear the bridge is up")
+    assert progress() == [("started", 0), ("completed", 200)]
+    # The people are talking: the agent's link dying for good ends nothing.
+    agent.kill()
+    wait_for(
+        lambda: server.metric("voicegate_agent_link_resumes_total", result="failed") == 1,
+        10,
+        "the link to be given up",
+    )
+    assert sipp.wait() == 0, sipp.errors()  # our BYE came after the desk's
+    assert desk.wait() == 0, desk.errors()
+    end = ended(server)
+    assert (end["terminal_state"], end["reason"]) == ("completed", "bridged: the target hung up")
+
+
+def test_an_agent_hears_a_bridge_to_a_busy_target_failed(
+    server_factory: ServerFactory, agent: ExampleAgent, tmp_path: Path
+) -> None:
+    port = free_port()
+    desk = Sipp("uas-busy.xml", "", tmp_path / "desk", port=port).start()
+    server = server_factory(
+        **agent.env(), VOICEGATE_TRANSFER_ALLOWED_TARGETS=f"sip:desk@{LOOPBACK}:*"
+    )
+    sipp = Sipp("uac-wait-for-bye.xml", server.sip_target, tmp_path).start()
+    (call,) = wait_for(
+        lambda: [c for c in server.live_calls() if c["state"] == "answered"], 10, "the call"
+    )
+    target = f"sip:desk@{LOOPBACK}:{port}"
+    status, body = server.post_json(
+        f"/v1/calls/{call['call_id']}/transfer", {"target": target, "mode": "bridge"}
+    )
+    assert status == 202, body
+    assert desk.wait() == 0, desk.errors()
+
+    def progress() -> list[tuple[str, int]]:
+        told = agent_told(agent)
+        return [(m["state"], m["status"]) for m in told if m["type"] == "transfer.progress"]
+
+    wait_for(lambda: len(progress()) == 2, 15, "the agent to hear how the bridge went")
+    assert progress() == [("started", 0), ("failed", 486)]
+    assert server.post(f"/v1/calls/{call['call_id']}/hangup") == 202
+    assert sipp.wait() == 0, sipp.errors()
+
+
 def make_ca_and_certificate(where: Path) -> tuple[Path, Path, Path]:
     """A throwaway CA and a certificate it signed for 127.0.0.1: (CA, chain, key), PEM."""
     where.mkdir(parents=True, exist_ok=True)

@@ -127,3 +127,59 @@ def test_an_attended_transfer_tells_the_caller_to_hold_and_records_the_consult_a
         11.0,
     )
     assert failed.signaling is Signaling.UP and fx.Say("transfer_failed") in effects
+
+
+# The server's default session policy: a no-input ladder of 60 s, then 10 s of grace.
+LADDER = {**POLICY, "no_input_s": 60.0, "no_input_grace_s": 10.0}
+QUIET_UP = ((ev.CallOffered("+15550001234", "svc", LADDER), 0.0), (ev.CallAnswered(), 1.0))
+QUIET_SPEAKING = (*QUIET_UP, (ev.TurnStarted("t1"), 2.0), (ev.TurnCommitted("t1"), 2.5))
+QUIET_BRIDGED = (
+    *QUIET_SPEAKING,
+    (ev.TransferStarted(TARGET, "bridge"), 10.0),
+    (ev.BridgeUp(1), 12.0),
+)
+
+
+def fire_due(state: SessionState, until: float) -> tuple[SessionState, list[fx.Effect]]:
+    """The fake clock runs to ``until``: every deadline due by then fires, in due order."""
+    seen: list[fx.Effect] = []
+    while state.ended is None and state.deadlines:
+        name, deadline = min(state.deadlines.items(), key=lambda item: item[1].due)
+        if deadline.due > until:
+            break
+        state, out = step(state, ev.DeadlineFired(name, deadline.generation), deadline.due)
+        seen.extend(out)
+    return state, seen
+
+
+def test_a_bridged_call_is_not_hung_up_for_the_callers_silence() -> None:
+    state, effects = fold(*QUIET_BRIDGED)
+    assert fx.CancelTimer("no_input") in effects
+    assert set(state.deadlines) == {"max_duration"}  # the call's cost still bounds it
+    # Past the ladder's 60 + 10 s, up to max duration: nobody asked "still there?", nothing ended.
+    state, seen = fire_due(state, 590.0)
+    assert state.ended is None and state.signaling is Signaling.BRIDGED
+    assert not any(isinstance(e, fx.Say | fx.HangUp) for e in seen)
+    state, seen = fire_due(state, 601.0)
+    assert state.ended is not None and state.ended.stage == "max_duration"
+
+
+def test_a_turn_open_when_the_bridge_began_does_not_restart_the_ladder() -> None:
+    talking = (*QUIET_UP, (ev.TurnStarted("t1"), 2.0))
+    state, _ = fold(*talking, (ev.TransferStarted(TARGET, "bridge"), 10.0), (ev.BridgeUp(1), 12.0))
+    state, effects = step(state, ev.TurnCommitted("t1"), 13.0)
+    assert "no_input" not in state.deadlines
+    assert not any(isinstance(e, fx.ScheduleTimer) for e in effects)
+
+
+@pytest.mark.parametrize(
+    "event", [ev.AgentLinkFailed("link lost for good"), ev.AgentFailed("on_transfer raised")]
+)
+def test_the_agent_going_away_while_bridged_ends_nothing(event: ev.Event) -> None:
+    state, _ = fold(*QUIET_BRIDGED)
+    after, effects = step(state, event, 30.0)
+    assert after == state and after.ended is None
+    assert len(effects) == 1 and isinstance(effects[0], fx.StaleEventIgnored)
+    # The people still end the call as usual.
+    after, _ = step(after, ev.BridgeEnded("target"), 90.0)
+    assert after.ended is not None and after.ended.terminal_state == "completed"

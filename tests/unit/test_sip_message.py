@@ -2,7 +2,16 @@ from __future__ import annotations
 
 import pytest
 
-from telephony.sip_message import cseq, header_tag, mask_text, mask_uri, request_user, via_transport
+from telephony.sip_message import (
+    cseq,
+    header_tag,
+    mask_number,
+    mask_text,
+    mask_uri,
+    request_user,
+    via_transport,
+)
+from voicegate.call.legs import new_leg_offer
 
 INVITE = (
     "INVITE sip:+4930123456@voicegate.example:5060;transport=tcp SIP/2.0\r\n"
@@ -89,3 +98,10 @@ def test_a_resume_handle_is_redacted_from_pjsip_text_in_clear_and_hex_encoded() 
     masked = mask_text(line)
     assert handle not in masked and handle.encode().hex() not in masked.lower()
     assert "User-to-User: <redacted>;encoding=hex" in masked
+
+
+def test_an_outbound_legs_number_called_is_masked_like_a_caller() -> None:
+    assert mask_number("+15550100") == "+*****100" and mask_number("100") == "100"
+    offer = new_leg_offer("sip:+15550100@127.0.0.1:5090")
+    assert offer.called_user == "+*****100"
+    assert offer.remote_uri == "sip:+15550100@127.0.0.1:5090"  # what the leg dials

@@ -10,7 +10,10 @@ places the leg once the step that asks for it is durable, and turns the leg's SI
 session events:
 
 - the leg carries the same context as a REFER would (telephony.transfer.context_headers:
-  ``User-to-User``, ``X-Voicegate-Session``) as headers of its INVITE;
+  ``User-to-User``, ``X-Voicegate-Session``, and a new ``X-Voicegate-Resume`` handle, durable
+  before the INVITE leaves, docs/tenants.md) as headers of its INVITE. An attended transfer's
+  REFER with Replaces carries none: pjsua builds its Refer-To (``xferReplaces``), and the call
+  centre already has the handle from the consult INVITE;
 - answered, the SIP thread connects both calls' audio in the conference bridge and reports
   ``Bridged`` (telephony/bridge.py): ``bridge_up``;
 - the leg ends: before its answer (busy, no answer, failed) the transfer failed and the caller
@@ -25,14 +28,18 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Callable
 
+from agents.base import TransferUpdate
 from session import events as sev
+from session.resume import Handle
 from session.state import Signaling
 from telephony import events as ev
 from telephony.sip_message import mask_uri
 from telephony.transfer import context_headers
 from voicegate.call.acting import SessionSteps
 from voicegate.call.call_state import CallState
+from voicegate.call.resume import CallResume
 from voicegate.call.services import CallServices
 
 log = logging.getLogger("voicegate.call")
@@ -42,7 +49,10 @@ ATTENDED = "attended"
 
 
 class CallBridge:
-    def __init__(self, state: CallState, services: CallServices, steps: SessionSteps) -> None:
+    def __init__(
+        self, state: CallState, services: CallServices, steps: SessionSteps, resume: CallResume
+    ) -> None:
+        self._resume = resume
         self._state = state
         self._services = services
         self._steps = steps
@@ -51,6 +61,10 @@ class CallBridge:
         self._counted = False  # the transfer's outcome went into the metric
         self.consult = False  # the leg is an attended transfer's consult leg, not a bridge's
         self._refer_sent = False  # (attended) the REFER with Replaces went out
+        # How the agent hears how the leg went (CallTransfer forwards it to its own ``tell``):
+        # completed once bridged, failed (refused: no slot) when the target is not reached. An
+        # attended transfer's completion is its REFER's final NOTIFY, told by CallTransfer.
+        self.tell: Callable[[TransferUpdate], None] = lambda update: None
 
     def has_slot(self) -> bool:
         """Whether the worker has a free call slot for the bridge's leg (the pair holds two)."""
@@ -61,7 +75,8 @@ class CallBridge:
 
     def place(self, target: str, *, consult: bool = False) -> None:
         """Dial the target (the session's step asking for it is durable): a bridge's leg, or an
-        attended transfer's consult leg. Either carries the context headers on its INVITE."""
+        attended transfer's consult leg. Either carries the context headers on its INVITE, with a
+        new resume handle once that is durable."""
         call_id = self._state.call_id
         leg_id = self.leg_id = uuid.uuid4().hex
         self.up = self._counted = self._refer_sent = False
@@ -71,11 +86,24 @@ class CallBridge:
             "transfer.consult_dialing" if consult else "transfer.bridge_dialing",
             extra={"call_id": call_id, "leg_id": leg_id, "target": mask_uri(target)},
         )
-        headers = context_headers(call_id)
-        if consult:
-            self._services.submit(ev.Dial(leg_id, target, headers, consult=True))
-        else:
-            self._services.submit(ev.Dial(leg_id, target, headers, bridge_to=call_id))
+
+        def dial(handle: Handle | None) -> None:
+            state = self._state.session_state
+            if (
+                self.leg_id != leg_id
+                or state is None
+                or state.signaling is not Signaling.TRANSFERRING
+            ):
+                if self.leg_id == leg_id:
+                    self.leg_id = None
+                return  # the transfer ended while the handle was stored: nobody to dial for
+            headers = context_headers(call_id, handle.text if handle else None)
+            if consult:
+                self._services.submit(ev.Dial(leg_id, target, headers, consult=True))
+            else:
+                self._services.submit(ev.Dial(leg_id, target, headers, bridge_to=call_id))
+
+        self._resume.issue("transfer", dial)
 
     def on_leg_event(self, event: object) -> None:
         """A SIP event of the leg (its answer, the bridge, its end); the rest is not ours."""
@@ -97,6 +125,7 @@ class CallBridge:
                     self.up = True
                     self._services.metrics.bridged_legs.inc(2)
                     log.info("transfer.bridged", extra={"call_id": self._state.call_id})
+                    self.tell(TransferUpdate("completed", 200, "bridged"))
             case ev.CallEnded(status=status):
                 self.leg_id = None
                 log.info(
@@ -117,7 +146,9 @@ class CallBridge:
                     if self._steps.try_apply(
                         sev.TransferFinished(generation, ok=False, status=status)
                     ):
-                        self._count("refused" if status == 503 else "failed")
+                        outcome = "refused" if status == 503 else "failed"
+                        self._count(outcome)
+                        self.tell(TransferUpdate(outcome, status))
             case _:
                 pass
 

@@ -21,7 +21,7 @@ from session.legs import leg_outcome
 from session.state import SessionState
 from session.vocabulary import EndingStage, LegOutcome
 from telephony import events as ev
-from telephony.sip_message import request_user
+from telephony.sip_message import mask_number, request_user
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,14 +46,17 @@ class PlaceRefused:
 
 def new_leg_offer(target: str) -> ev.CallOffered:
     """The call as the rest of the call's code reads an offer: a fresh id, ``target`` as the
-    remote party (masked wherever it is shown), its user part as the number called."""
+    remote party (masked wherever it is shown), its user part as the number called, masked
+    here: an inbound call's called_user is our own number, an outbound leg's is the callee's
+    (STYLE.md habit 10), and it is only ever shown (the log, the session meta, /v1/calls, the
+    agent's context), never dialled: the leg dials ``target``."""
     user = request_user(f"INVITE {target} SIP/2.0")
     return ev.CallOffered(
         call_id=uuid.uuid4().hex,
         sip_call_id="",
         remote_uri=target,
         local_uri="",
-        called_user=user,
+        called_user=mask_number(user),
         transport="udp",
     )
 

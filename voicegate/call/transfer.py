@@ -79,10 +79,11 @@ class CallTransfer:
         self._handoff: str | None = None  # the human target a handoff went to
         self._handoff_done = False
         self.mode = MODE  # the transfer in progress's: blind, or bridge (voicegate/call/bridge.py)
-        self.bridge = CallBridge(state, services, steps)
+        self.bridge = CallBridge(state, services, steps, resume)
         hangup.before_bye = self._maybe_hand_off
         # How the agent hears of the transfer's progress (voicegate/call/notices.py).
         self.tell: Callable[[TransferUpdate], None] = lambda update: None
+        self.bridge.tell = lambda update: self.tell(update)  # whatever ``tell`` is set to later
 
     @property
     def settings(self) -> TransferSettings:
