@@ -75,6 +75,9 @@ def mask_uri(uri: str, keep: int = 3) -> str:
 
 _ANY_USER = re.compile(r"((?:sips?|tel):)([^@;>\s]*)")
 _DISPLAY = re.compile(r'"([^"]*)"\s*<')
+# An unquoted display name (RFC 3261 section 25.1: *(token LWS)) before the URI of a From, To or
+# Contact header line (long or compact form), as a parser error may quote the whole message.
+_TOKEN_DISPLAY = re.compile(r"(?im)^((?:from|to|contact|[ftm])[ \t]*:[ \t]*)([^<\r\n\"]+)(<)")
 
 
 _RESUME_HANDLE = re.compile(r"vgr1\.[0-9a-f]{16}\.[A-Za-z0-9_-]{43}")
@@ -89,6 +92,9 @@ def mask_text(text: str, keep: int = 3) -> str:
     text = _RESUME_HANDLE.sub("vgr1.<redacted>", text)
     text = _RESUME_HANDLE_HEX.sub("<redacted>", text)
     text = _ANY_USER.sub(lambda m: m.group(1) + _mask_digits(m.group(2), keep), text)
+    text = _TOKEN_DISPLAY.sub(
+        lambda m: m.group(1) + _mask_digits(m.group(2), keep) + m.group(3), text
+    )
     return _DISPLAY.sub(lambda m: '"' + _mask_digits(m.group(1), keep) + '" <', text)
 
 

@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry, Counter
 from config.settings import AgentSettings, TransferSettings
 from config.tenants import Tenants, TenantSettings
 from voicegate.control import auth
-from voicegate.control.auth import ACCESS, Access, authenticate, foreign, scope
+from voicegate.control.auth import ACCESS, MISSING_KEY, Access, authenticate, foreign, scope
 
 KEY = "tenant-key-3f9a1c07b2e54d68"
 SCRAPE = "scrape-key-0d7e6b5a4c3f2e1d"
@@ -64,7 +64,7 @@ async def test_v1_needs_a_key_once_any_tenant_has_one() -> None:
     a = access()
     assert (await ask(a, "/v1/sessions"))[:2] == (
         401,
-        {"error": "Authorization: Bearer <key> is required", "reason": "missing_key"},
+        {"error": MISSING_KEY, "reason": "missing_key"},
     )
     status, body, _ = await ask(a, "/v1/sessions", key="nope")
     assert (status, body["reason"]) == (401, "wrong_key")

@@ -105,3 +105,11 @@ def test_an_outbound_legs_number_called_is_masked_like_a_caller() -> None:
     offer = new_leg_offer("sip:+15550100@127.0.0.1:5090")
     assert offer.called_user == "+*****100"
     assert offer.remote_uri == "sip:+15550100@127.0.0.1:5090"  # what the leg dials
+
+
+def test_an_unquoted_display_name_is_masked_too() -> None:
+    # Kamailio's parser quotes whole malformed messages; a display name may be a bare number.
+    text = "To: Receiver <sip:s@h>\nFrom: 15550100 <sip:p@h>;tag=1\r\nm: 15550100 <sip:p@h:5>"
+    masked = mask_text(text)
+    assert "15550100" not in masked
+    assert "From: *****100 <sip:p@h>;tag=1" in masked and "To: Receiver <sip:s@h>" in masked
