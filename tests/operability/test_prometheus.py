@@ -1,4 +1,4 @@
-"""A real Prometheus scraping a running pool through about a minute of SIPp calls: what the
+"""A real Prometheus scraping a running pool through about half a minute of SIPp calls: what the
 dashboard computes from it agrees with what the calls were and with what the API says."""
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ if shutil.which("prometheus") is None:  # pragma: no cover - scripts/bootstrap i
     raise pytest.UsageError("this test needs Prometheus: apt-get install prometheus")
 
 CALLS = 8
-# One call every 5 s, 4 at most at once: about a minute of calls on two workers.
-RATE, LIMIT = 0.2, 4
+# One call every 2 s, 4 at most at once: about half a minute of calls on two workers, scraped
+# every second.
+RATE, LIMIT = 0.5, 4
 WINDOW = "10m"  # longer than the test: increase() over it spans every sample Prometheus has
 
 
