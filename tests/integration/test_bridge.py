@@ -5,16 +5,13 @@ tcpdump to prove that audio flows both ways through voicegate's conference bridg
 
 from __future__ import annotations
 
-import hashlib
-import re
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from session.store.sqlite import SqliteSessionStore
 from tests.integration.harness import LOOPBACK, Server, ServerFactory, Sipp, free_port, wait_for
+from tests.integration.resume_handles import check_sent_handle
 from tests.integration.rtp_capture import Capture, RtpPacket
-from tests.secret_audit import AUDIT
 
 ENV = {"VOICEGATE_TRANSFER_ALLOWED_TARGETS": "sip:desk@127.0.0.1:*"}
 LOUD = 500.0  # A-law speech frames of the sample capture; silence is under 50
@@ -32,19 +29,8 @@ def _desk(tmp_path: Path, scenario: str = "uas-callcentre.xml") -> tuple[Sipp, s
 def _check_handle(server: Server, tmp_path: Path, session_id: str, transfers: int = 1) -> None:
     """The resume handle on the desk's INVITE is the session's current one in the store, kept
     as a digest only (docs/tenants.md: a new handle on every transfer)."""
-    (handle,) = re.findall(
-        r"X-Voicegate-Resume: (\S+)", (tmp_path / "desk" / "desk-logs.log").read_text()
-    )
-    AUDIT.register(handle, "resume handle sent on a bridge's INVITE", "test_bridge.py")
-    _prefix, selector, verifier = handle.split(".")
-    store = SqliteSessionStore(server.data_dir / "voicegate.sqlite3")
-    try:
-        record = store.resume_handle(selector)
-    finally:
-        store.close()
-    assert record is not None
-    assert record.verifier_digest == hashlib.sha256(verifier.encode()).hexdigest()
-    assert (record.session_id, record.tenant, record.state) == (session_id, "default", "current")
+    desk_log = tmp_path / "desk" / "desk-logs.log"
+    check_sent_handle(server, desk_log, session_id, "resume handle sent on a bridge's INVITE")
     assert server.metric("voicegate_resume_handles_issued_total", reason="transfer") == transfers
 
 

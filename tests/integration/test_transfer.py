@@ -4,13 +4,11 @@ what the transfer did; the scenarios' headers say what the server must do on the
 
 from __future__ import annotations
 
-import hashlib
-import re
 from pathlib import Path
 from typing import Any
 
-from session.store.sqlite import SqliteSessionStore
 from tests.integration.harness import Provider, Server, ServerFactory, Sipp, wait_for
+from tests.integration.resume_handles import check_sent_handle
 from tests.secret_audit import AUDIT
 
 CC = "sip:desk@cc.example.com"
@@ -63,21 +61,7 @@ def test_a_blind_transfer_completes_after_the_final_notify_with_the_context_on_t
     session = _one_session(server)
     # The resume handle on the wire is the one the store holds, as a digest only: the session's
     # current handle, issued at the transfer, superseding the one issued when it started.
-    (handle,) = re.findall(r"X-Voicegate-Resume: (\S+)", sipp_log.read_text())
-    AUDIT.register(handle, "resume handle sent on a REFER", "test_transfer.py")
-    _prefix, selector, verifier = handle.split(".")
-    store = SqliteSessionStore(server.data_dir / "voicegate.sqlite3")
-    try:
-        record = store.resume_handle(selector)
-    finally:
-        store.close()
-    assert record is not None
-    assert record.verifier_digest == hashlib.sha256(verifier.encode()).hexdigest()
-    assert (record.session_id, record.tenant, record.state) == (
-        session["session_id"],
-        "default",
-        "current",
-    )
+    check_sent_handle(server, sipp_log, session["session_id"], "resume handle sent on a REFER")
     assert server.metric("voicegate_resume_handles_issued_total", reason="start") == 1
     assert server.metric("voicegate_resume_handles_issued_total", reason="transfer") == 1
     assert session["ended"]["terminal_state"] == "completed"
