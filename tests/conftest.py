@@ -27,7 +27,6 @@ import pytest
 from tests.secret_audit import (
     AUDIT,
     PRODUCT_LOGGERS,
-    Finding,
     RecordingHandler,
     register_scenarios,
 )
@@ -98,7 +97,9 @@ def loop_never_blocked(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 # --- the secret audit (tests/secret_audit.py) -----------------------------------------------------
 
 _audit_handler: RecordingHandler | None = None
-_audit_findings: list[Finding] = []
+_audit_findings: list[str] = []
+_audited = [0]  # outputs scanned, over every xdist worker
+_secrets = [0]  # secrets registered (the largest count any worker saw)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -124,21 +125,48 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if _audit_handler is not None:
         for name in PRODUCT_LOGGERS:
             logging.getLogger(name).removeHandler(_audit_handler)
-    _audit_findings[:] = AUDIT.scan()
-    if _audit_findings:
+    _audit_findings.extend(str(finding) for finding in AUDIT.scan())
+    _audited[0] += len(AUDIT.files) + len(AUDIT.texts) + len(AUDIT.latest)
+    _secrets[0] = max(_secrets[0], len(AUDIT.secrets))
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        # An xdist worker: its findings travel to the controller, which fails the run.
+        workeroutput["secret_audit"] = (list(_audit_findings), _audited[0], _secrets[0])
+    elif _audit_findings:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """xdist's controller: gather each worker's audit (the workers scanned what they ran)."""
+    findings, audited, secrets = node.workeroutput.get("secret_audit", ([], 0, 0))
+    _audit_findings.extend(findings)
+    _audited[0] += audited
+    _secrets[0] = max(_secrets[0], secrets)
+    crash_windows = node.workeroutput.get("crash_windows")
+    if crash_windows and crash_windows["windows"]:
+        _crash_windows.append(crash_windows)
+
+
+_crash_windows: list[dict[str, int]] = []  # each xdist worker's crash-window figures
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    audited = len(AUDIT.files) + len(AUDIT.texts) + len(AUDIT.latest)
+    if _crash_windows:
+        from tests.integration import test_crash_windows
+
+        for figures in _crash_windows:
+            for key, value in figures.items():
+                test_crash_windows.SUMMARY[key] += value
+        terminalreporter.write_line(test_crash_windows.pytest_report_crash_summary())
     if not _audit_findings:
         terminalreporter.write_line(
-            f"secret audit: {audited} outputs clean of {len(AUDIT.secrets)} registered secrets"
+            f"secret audit: {_audited[0]} outputs clean of {_secrets[0]} registered secrets"
         )
         return
     terminalreporter.section("secret audit: LEAKS FOUND", sep="=", red=True, bold=True)
     shown = _audit_findings[:50]
     for finding in shown:
-        terminalreporter.write_line(str(finding), red=True)
+        terminalreporter.write_line(finding, red=True)
     if len(_audit_findings) > len(shown):
         terminalreporter.write_line(f"... and {len(_audit_findings) - len(shown)} more")

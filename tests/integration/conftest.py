@@ -38,9 +38,19 @@ def server(server_factory: ServerFactory) -> Server:
     return server_factory()
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """An xdist worker hands its crash-window figures to the controller (tests/conftest.py)."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        from tests.integration import test_crash_windows
+
+        workeroutput["crash_windows"] = dict(test_crash_windows.SUMMARY)
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """Print the crash-window suite's summary line when it ran."""
+    """Print the crash-window suite's summary line when it ran in this process."""
     from tests.integration import test_crash_windows
 
-    if test_crash_windows.SUMMARY["windows"]:
+    worker = hasattr(terminalreporter.config, "workerinput")
+    if test_crash_windows.SUMMARY["windows"] and not worker:
         terminalreporter.write_line(test_crash_windows.pytest_report_crash_summary())

@@ -31,14 +31,27 @@ T = TypeVar("T")
 
 _used_ports: set[int] = set()
 
+# Under pytest-xdist (scripts/test runs the suite in several processes) each process draws its
+# ports from its own share, so two processes never hand out the same port: a free port picked in
+# one could otherwise be bound by the other between the pick and its server's bind. Shares of the
+# kernel's ports go by port // 2, since Linux hands bind() even ports and keeps odd for connect().
+_SHARE = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0)
+_SHARES = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+
+
+def _slice(floor: int, ceiling: int) -> tuple[int, int]:
+    """This process's share of the ports from ``floor`` to ``ceiling``."""
+    width = (ceiling - floor) // _SHARES
+    return floor + _SHARE * width, floor + (_SHARE + 1) * width
+
 
 def free_port(*, udp_and_tcp: bool = True) -> int:
     """A port free on loopback for TCP (and UDP), not handed out before in this test run."""
-    for _ in range(200):
+    for _ in range(200 * _SHARES):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as tcp:
             tcp.bind((LOOPBACK, 0))
             port = int(tcp.getsockname()[1])
-            if port in _used_ports:
+            if port in _used_ports or (port >> 1) % _SHARES != _SHARE:
                 continue
             if udp_and_tcp:
                 try:
@@ -61,6 +74,8 @@ def free_port_block(count: int, *, udp_and_tcp: bool = True) -> int:
     for _ in range(200):
         start = _next_block[0]
         _next_block[0] = start + count if start + count < _BLOCK_CEILING else _BLOCK_FLOOR
+        if start + count > _BLOCK_CEILING:
+            continue
         block = range(start, start + count)
         if any(p in _used_ports or not _bindable(p, udp_and_tcp) for p in block):
             continue
@@ -69,8 +84,8 @@ def free_port_block(count: int, *, udp_and_tcp: bool = True) -> int:
     raise RuntimeError(f"no {count} consecutive free ports")
 
 
-_BLOCK_FLOOR, _BLOCK_CEILING = 6000, 11900
-_next_block = [_BLOCK_FLOOR + (os.getpid() % 50) * 100]
+_BLOCK_FLOOR, _BLOCK_CEILING = _slice(6000, 11900)
+_next_block = [_BLOCK_FLOOR + (os.getpid() * 100) % (_BLOCK_CEILING - _BLOCK_FLOOR - 100)]
 
 
 def _bindable(port: int, udp_and_tcp: bool) -> bool:
@@ -86,8 +101,9 @@ def _bindable(port: int, udp_and_tcp: bool) -> bool:
 
 # RTP ranges come from below the kernel's ephemeral ports (32768 and up on Linux), so a SIP or
 # HTTP port the kernel hands out can never fall inside one (config refuses that overlap).
-_RTP_FLOOR, _RTP_SPAN = 12000, 20000
-_next_rtp_offset = [(os.getpid() % 100) * 200]
+_RTP_FLOOR, _RTP_CEILING = _slice(12000, 32000)
+_RTP_SPAN = _RTP_CEILING - _RTP_FLOOR
+_next_rtp_offset = [(os.getpid() * 200) % _RTP_SPAN]
 
 
 def rtp_range(size: int = 40) -> tuple[int, int]:

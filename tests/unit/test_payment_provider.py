@@ -10,7 +10,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import sqlite3
 import sys
 import tempfile
@@ -29,6 +28,7 @@ from hypothesis import strategies as st
 
 from providers.payments import STATE, Faults, Ledger, create_app
 from providers.payments.__main__ import main as cli_main
+from tests.integration.harness import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 BODY: dict[str, object] = {"amount_cents": 1250, "currency": "EUR", "account": "acct-42"}
@@ -520,10 +520,7 @@ def test_property_one_row_per_key_and_replays_are_byte_identical(
 
 
 def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
+    return free_port(udp_and_tcp=False)
 
 
 async def _start(db: Path, *args: str, **env: str) -> tuple[asyncio.subprocess.Process, str]:
