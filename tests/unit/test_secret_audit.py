@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,8 @@ import pytest
 from telephony.sip_message import mask_uri
 from tests.secret_audit import SCENARIOS, RecordingHandler, SecretAudit, register_scenarios
 from voicegate.observe.logs import JsonFormatter
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _line(event: str, **extra: object) -> str:
@@ -125,3 +129,36 @@ def test_a_kept_file_that_vanished_is_a_finding(tmp_path: Path) -> None:
 def test_too_short_a_secret_is_refused() -> None:
     with pytest.raises(ValueError):
         SecretAudit().register("59", "payment DTMF")
+
+
+LEAKING_TEST = '''
+import logging
+
+from tests.secret_audit import AUDIT
+
+
+def test_a_leak() -> None:
+    AUDIT.register("vg-probe-secret-0123456789abcdef", "api key")
+    logging.getLogger("voicegate.probe").warning("key vg-probe-secret-0123456789abcdef")
+
+
+def test_clean() -> None:
+    pass
+'''
+
+
+@pytest.mark.parametrize("processes", [[], ["-n", "2"]], ids=["one process", "two processes"])
+def test_a_leak_in_any_test_process_fails_the_run(tmp_path: Path, processes: list[str]) -> None:
+    """scripts/test runs the suite under pytest-xdist: a leak a worker finds must fail the run."""
+    probe = tmp_path / "test_leak_probe.py"
+    probe.write_text(LEAKING_TEST)
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.conftest",
+         "--rootdir", str(tmp_path), "-c", "/dev/null", *processes, str(probe)],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )
+    assert run.returncode == pytest.ExitCode.TESTS_FAILED, run.stdout + run.stderr
+    assert "secret audit: LEAKS FOUND" in run.stdout
+    assert "test_leak_probe.py::test_a_leak" in run.stdout
+    assert "2 passed" in run.stdout
+    assert "0123456789abcdef" not in run.stdout
