@@ -294,6 +294,27 @@ def sip_uri(*, empty_ok: bool = False) -> Rule:
     return Rule(allowed, check)
 
 
+def caller_id() -> Rule:
+    """The From of an INVITE we send (RFC 3261 section 20.20): a SIP URI, or a display name in
+    double quotes and the URI in <>; it goes out verbatim, so nothing that could end the header
+    or smuggle parameters into it is allowed."""
+    allowed = (
+        'empty, or a SIP URI such as "sip:+4930123456@trunk.example.com", optionally after a '
+        "display name in double quotes with the URI in <> (\"Acme\" <sip:...>)"
+    )
+
+    def check(value: str) -> str:
+        if not value:
+            return value
+        named = re.fullmatch(r'"([ !#-\[\]-~]{1,64})" <(.+)>', value)
+        uri = named.group(2) if named else value
+        if not _SIP_URI.fullmatch(uri) or (named is not None and not named.group(1).strip()):
+            raise _refuse(allowed)
+        return value
+
+    return Rule(allowed, check)
+
+
 def sip_uri_patterns() -> Rule:
     """Shell-style patterns (``*``, ``?``, ``[..]``) that SIP URIs are matched against."""
     allowed = 'a list of SIP URI patterns such as "sip:*@callcentre.example.com" (empty = none)'

@@ -40,6 +40,9 @@ from config.rules import (
     sip_users,
     websocket_url,
 )
+from config.rules import (
+    caller_id as from_header,
+)
 from config.tenants import TenantSettings
 from config.tools import ToolSettings
 
@@ -590,6 +593,15 @@ class TransferSettings:
             "off, every inbound REFER is refused with 403",
         ),
     )
+    caller_id: str = field(
+        default="",
+        metadata=key(
+            from_header(),
+            "The From of the INVITE voicegate sends to a transfer's target (a bridge's leg, an "
+            "attended transfer's consult leg): what the call centre's screen shows; empty = "
+            "voicegate's own URI (sip:voicegate@<sip.address>:<sip.port>)",
+        ),
+    )
 
     def allows(self, target: str) -> bool:
         return target_allowed(target, self.allowed_targets)
@@ -611,6 +623,14 @@ class OutboundSettings:
             float_range(1, 300),
             "How long an outbound call may ring before voicegate gives it up (CANCEL): outcome "
             "no_answer, the session ends timed_out at stage ringing",
+        ),
+    )
+    caller_id: str = field(
+        default="",
+        metadata=key(
+            from_header(),
+            "The From of the INVITE of POST /v1/calls: what the callee's phone shows; empty = "
+            "voicegate's own URI (sip:voicegate@<sip.address>:<sip.port>)",
         ),
     )
 

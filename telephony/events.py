@@ -265,6 +265,12 @@ class Dial:
     consult: bool = False
     """An attended transfer's consult leg: no media port of ours; it only has to be answered,
     then :class:`TransferReplaces` hands it over."""
+    caller_id: str = ""
+    """The INVITE's From (a SIP URI, or a display name and one in <>, checked by
+    config.rules.caller_id); empty: the account's own URI."""
+    tenant: str = ""
+    """Whose call it is (config/tenants.py): the inbound-REFER policy asks with it, as for an
+    inbound call's (telephony.refer)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,7 +28,7 @@ from audio.barge_in import BargeInConfig
 from audio.prompts import PromptLibrary, default_prompts_dir
 from audio.vad import VadConfig
 from config import Settings
-from config.settings import TransferSettings
+from config.settings import OutboundSettings, TransferSettings
 from config.tenant_loader import tenants_of
 from config.tenants import DEFAULT_TENANT
 from config.tools import ToolSettings
@@ -218,6 +218,12 @@ class Runtime:
 
     def transfer_for(self, tenant: str) -> TransferSettings:
         return self.tenants[tenant].transfer
+
+    def outbound_for(self, tenant: str) -> OutboundSettings:
+        """The ``[outbound]`` settings of ``tenant`` (``[tenants.<name>.outbound]`` over the
+        top-level section); the top level's for a tenant nobody declared."""
+        found = self.tenants.get(tenant)
+        return found.outbound if found is not None else self.settings.outbound
 
     def policy(self, tenant: str) -> dict[str, float]:
         s = self.settings.session
@@ -435,7 +441,8 @@ class Runtime:
             return PlaceRefused(
                 403, f"no tenant {tenant!r} to place the call for: use a tenant's API key"
             )
-        if not self.settings.outbound.allows(target):
+        outbound = self.outbound_for(tenant)
+        if not outbound.allows(target):
             return PlaceRefused(403, "target is not in outbound.allowed_targets", "target")
         if self.draining or not self.sip_ready:
             return PlaceRefused(503, "the server is not taking calls (draining or starting)")
@@ -446,7 +453,7 @@ class Runtime:
                 503, f"no free call slot: {held} of {max_calls} call slots are held here"
             )
         offer = dataclasses.replace(new_leg_offer(target), tenant=tenant)
-        leg = OutboundLeg(target, self.settings.outbound.ring_timeout_s, headers)
+        leg = OutboundLeg(target, outbound.ring_timeout_s, headers, outbound.caller_id)
         call = self._start_call(offer, leg)
         await call.session_started.wait()  # set by the call's task however it ends (_run_call)
         if call.session is None:

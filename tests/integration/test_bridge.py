@@ -5,6 +5,7 @@ tcpdump to prove that audio flows both ways through voicegate's conference bridg
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,14 @@ def _check_handle(server: Server, tmp_path: Path, session_id: str, transfers: in
     assert server.metric("voicegate_resume_handles_issued_total", reason="transfer") == transfers
 
 
+# transfer.caller_id: the From of our legs to a target, which the desk logs (-trace_logs).
+CALLER_ID = '"Acme Support" <sip:+4930555000@trunk.example.com>'
+
+
+def _desk_saw_from(tmp_path: Path, name: str = "desk") -> list[str]:
+    return re.findall(r"^From: (.*)$", (tmp_path / name / "desk-logs.log").read_text(), re.M)
+
+
 def _answered_call(server: Server) -> str:
     calls = wait_for(
         lambda: [c for c in server.live_calls() if c["state"] == "answered" and c["media"]],
@@ -60,7 +69,7 @@ def _types(session: dict[str, Any]) -> list[str]:
 def test_a_bridged_transfer_carries_audio_both_ways_until_the_caller_hangs_up(
     server_factory: ServerFactory, tmp_path: Path
 ) -> None:
-    server = server_factory(**ENV)
+    server = server_factory(**ENV, VOICEGATE_TRANSFER_CALLER_ID=CALLER_ID)
     capture = Capture(tmp_path / "rtp.pcap", server.rtp_min, server.rtp_max)
     try:
         desk, target = _desk(tmp_path)
@@ -87,6 +96,7 @@ def test_a_bridged_transfer_carries_audio_both_ways_until_the_caller_hangs_up(
     assert server.metric("voicegate_bridged_legs_active") == 0
     assert server.metric("voicegate_transfers_total", mode="bridge", outcome="completed") == 1
     _check_handle(server, tmp_path, session["session_id"])
+    assert _desk_saw_from(tmp_path) == [CALLER_ID]  # transfer.caller_id, as configured
 
     # What voicegate sent, by its own RTP port: the caller's leg started first (the greeting),
     # the desk's leg when the desk answered. The desk's leg carries only what the bridge gives

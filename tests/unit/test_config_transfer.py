@@ -78,3 +78,34 @@ def test_a_configured_target_outside_allowed_targets_is_refused_at_load_time() -
 def test_matching_ignores_surrounding_space_only() -> None:
     assert target_allowed(" sip:a@b ", ("sip:*@b",))
     assert not target_allowed("sip:a@b;x=1", ("sip:a@b",))
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["sip:+4930555000@trunk.example.com", '"Acme Support" <sip:+4930555000@trunk.example.com>'],
+)
+def test_a_caller_id_is_a_sip_uri_or_a_quoted_name_and_one(value: str) -> None:
+    settings = load_settings(
+        environ={"VOICEGATE_TRANSFER_CALLER_ID": value, "VOICEGATE_OUTBOUND_CALLER_ID": value}
+    )
+    assert settings.transfer.caller_id == value
+    assert settings.outbound.caller_id == value
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "+4930555000",  # a number alone: the From needs a URI
+        "<sip:a@b>",  # brackets without a display name
+        '"Acme" sip:a@b',  # a display name needs the URI in <>
+        '"Ac"me" <sip:a@b>',  # a quote inside the name
+        '"Acme" <sip:a@b>;tag=1',  # the tag is pjsua's, per dialog
+        "sip:a@b\r\nX-Injected: 1",
+        '"  " <sip:a@b>',
+    ],
+)
+def test_a_caller_id_that_could_break_the_from_header_is_refused(value: str) -> None:
+    for name in ("TRANSFER", "OUTBOUND"):
+        message = _error(**{f"VOICEGATE_{name}_CALLER_ID": value})
+        assert f"{name.lower()}.caller_id" in message
+        assert "a SIP URI" in message

@@ -98,10 +98,26 @@ class CallBridge:
                     self.leg_id = None
                 return  # the transfer ended while the handle was stored: nobody to dial for
             headers = context_headers(call_id, handle.text if handle else None)
+            # The tenant's transfer.caller_id: what the centre's screen shows for the leg.
+            tenant = self._state.tenant
+            caller_id = self._services.transfer_for(tenant).caller_id
             if consult:
-                self._services.submit(ev.Dial(leg_id, target, headers, consult=True))
+                self._services.submit(
+                    ev.Dial(
+                        leg_id, target, headers, consult=True, caller_id=caller_id, tenant=tenant
+                    )
+                )
             else:
-                self._services.submit(ev.Dial(leg_id, target, headers, bridge_to=call_id))
+                self._services.submit(
+                    ev.Dial(
+                        leg_id,
+                        target,
+                        headers,
+                        bridge_to=call_id,
+                        caller_id=caller_id,
+                        tenant=tenant,
+                    )
+                )
 
         self._resume.issue("transfer", dial)
 

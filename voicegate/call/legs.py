@@ -26,12 +26,14 @@ from telephony.sip_message import mask_number, request_user
 
 @dataclass(frozen=True, slots=True)
 class OutboundLeg:
-    """What to place: ``target`` (a bare SIP URI, allowed by ``outbound.allowed_targets``) and
-    the headers its INVITE carries."""
+    """What to place: ``target`` (a bare SIP URI, allowed by the tenant's
+    ``outbound.allowed_targets``), the headers its INVITE carries and its From (the tenant's
+    ``outbound.caller_id``; empty: voicegate's own URI)."""
 
     target: str
     ring_timeout_s: float
     headers: tuple[tuple[str, str], ...] = ()
+    caller_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)

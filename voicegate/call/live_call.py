@@ -299,7 +299,15 @@ class LiveCall:
         if self.outbound is not None:
             leg = self.outbound
             if self._hangup.plan is None and self.phase is CallPhase.RINGING:
-                services.submit(ev.Dial(self.call_id, leg.target, leg.headers))
+                services.submit(
+                    ev.Dial(
+                        self.call_id,
+                        leg.target,
+                        leg.headers,
+                        caller_id=leg.caller_id,
+                        tenant=self.offer.tenant,
+                    )
+                )
         elif services.answer_after_s > 0:
             asyncio.get_running_loop().call_later(services.answer_after_s, self._answer)
         else:

@@ -143,11 +143,13 @@ async def place_call(request: web.Request) -> web.Response:
     if isinstance(body, web.Response):
         return body
     # The call is the key's tenant's: its agent answers and only its keys see the session.
-    placed = await runtime.place_call(body["target"], tenant=scope(request) or DEFAULT_TENANT)
+    tenant = scope(request) or DEFAULT_TENANT
+    placed = await runtime.place_call(body["target"], tenant=tenant)
+    outbound = runtime.outbound_for(tenant)
     if isinstance(placed, PlaceRefused):
         extra: dict[str, object] = {}
         if placed.status == 403:
-            extra["allowed_targets"] = list(runtime.settings.outbound.allowed_targets)
+            extra["allowed_targets"] = list(outbound.allowed_targets)
         if placed.status == 503:
             extra["live_calls"] = len(runtime.calls)
             extra["max_calls"] = runtime.settings.pool.calls_per_worker
@@ -160,7 +162,7 @@ async def place_call(request: web.Request) -> web.Response:
             "call_id": placed,
             "placing": True,
             "target": body["target"],
-            "ring_timeout_s": runtime.settings.outbound.ring_timeout_s,
+            "ring_timeout_s": outbound.ring_timeout_s,
             "session": f"/v1/sessions/{placed}",
         },
         status=202,
