@@ -226,6 +226,23 @@ def name_token() -> Rule:
     return Rule(allowed, check)
 
 
+def prompt_name(*, empty_ok: bool = False) -> Rule:
+    """The name of a prompt file (``<name>.wav`` in agent.prompts_dir); whether it exists is
+    checked at start-up, against the directory (voicegate.runtime.prompt_problems)."""
+    allowed = "1 to 64 lower-case letters, digits or '_' (a prompt's file name without .wav)"
+    if empty_ok:
+        allowed = "empty, or " + allowed
+
+    def check(value: str) -> str:
+        if empty_ok and not value:
+            return value
+        if not re.fullmatch(r"[a-z0-9_]{1,64}", value):
+            raise _refuse(allowed)
+        return value
+
+    return Rule(allowed, check)
+
+
 def directory(*, empty_ok: bool = False) -> Rule:
     """A directory path, made absolute against the current directory when checked.
 

@@ -33,6 +33,7 @@ from config.rules import (
     key,
     name_token,
     one_of,
+    prompt_name,
     secret_text,
     sha256_hashes,
     sip_uri,
@@ -522,6 +523,7 @@ class AgentSettings:
 
 
 TRANSFER_MODES = ("blind", "bridge", "attended")
+CONSULT_COMPLETIONS = ("after_brief", "api")
 
 
 def target_allowed(target: str, patterns: tuple[str, ...]) -> bool:
@@ -591,6 +593,24 @@ class TransferSettings:
             boolean(),
             "Follow a REFER from the caller's side when its Refer-To matches allowed_targets; "
             "off, every inbound REFER is refused with 403",
+        ),
+    )
+    consult_brief: str = field(
+        default="consult_brief",
+        metadata=key(
+            prompt_name(empty_ok=True),
+            "Attended transfers: the prompt the person on the consult leg hears once they "
+            "answer, before the caller is handed over; empty = none (the REFER with Replaces "
+            "then goes at once, or waits for the API with consult_complete = api)",
+        ),
+    )
+    consult_complete: str = field(
+        default="after_brief",
+        metadata=key(
+            one_of(*CONSULT_COMPLETIONS),
+            "Attended transfers: when the caller is handed over: after_brief (once the brief "
+            "has played) or api (when POST /v1/calls/{id}/transfer/complete says so); either "
+            "way within notify_timeout_s of the transfer's start",
         ),
     )
     caller_id: str = field(

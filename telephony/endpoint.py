@@ -482,9 +482,8 @@ class SipEndpoint:
             # a=sendonly / inactive from the caller: a hold, not a failure (media_health).
             call.held = media.status == pj.PJSUA_CALL_MEDIA_REMOTE_HOLD
             audio = call.getAudioMedia(media.index)
-            if call.consult:
-                call.audio = audio  # nobody of ours talks on a consult leg (yet)
-                return
+            # A consult leg gets a port like any call: the person hears the brief on it
+            # (voicegate/call/consult.py); the caller's own port never reaches it.
             if call.bridge_to or call.bridged_with:
                 # A bridged transfer (telephony.bridge): the two calls' audio meet in the
                 # conference bridge, with no port of ours in between.

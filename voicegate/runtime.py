@@ -104,6 +104,23 @@ def endpoint_config(settings: Settings) -> EndpointConfig:
     )
 
 
+def prompt_problems(settings: Settings) -> list[str]:
+    """Prompts the config names that agent.prompts_dir does not hold, one line each naming the
+    key and the fix (transfer.consult_brief, per tenant)."""
+    prompts_dir = Path(settings.agent.prompts_dir or default_prompts_dir())
+    library = PromptLibrary(prompts_dir)
+    problems = []
+    for tenant in tenants_of(settings):
+        brief = tenant.transfer.consult_brief
+        if brief and brief not in library:
+            where = "transfer" if not settings.tenants else f"tenants.{tenant.name}.transfer"
+            problems.append(
+                f"{where}.consult_brief = {brief!r}: no {brief}.wav in {prompts_dir}: add the "
+                "file, name another prompt, or set it empty for no brief"
+            )
+    return problems
+
+
 def agent_factories(
     settings: Settings, metrics: Metrics | None = None
 ) -> dict[str, AgentFactory]:
@@ -512,6 +529,14 @@ class Runtime:
         if call is None:
             return TransferRefused(404, "no such live call here", "call_id")
         return call.transfer.start(target, mode)
+
+    def consultation(self, call_id: str, action: str) -> TransferRefused | None:
+        """Complete (``complete``) or call off (``cancel``) a live call's attended transfer
+        while it consults the target; None once done, else why not (404: not live here)."""
+        call = self.calls.get(call_id)
+        if call is None:
+            return TransferRefused(404, "no such live call here", "call_id")
+        return call.transfer.complete() if action == "complete" else call.transfer.cancel()
 
     def live_calls(self) -> list[dict[str, object]]:
         return [call.snapshot() for call in self.calls.values()]

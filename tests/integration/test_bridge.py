@@ -230,7 +230,8 @@ def test_an_attended_transfer_consults_the_target_then_refers_with_replaces(
     server_factory: ServerFactory, tmp_path: Path
 ) -> None:
     target_leg, target = _desk(tmp_path, "uas-consult.xml")
-    server = server_factory(**ENV)
+    # No brief: the REFER goes as soon as the consult answered (the briefed form is below).
+    server = server_factory(**ENV, VOICEGATE_TRANSFER_CONSULT_BRIEF="")
     caller = Sipp("uac-transfer-attended.xml", server.sip_target, tmp_path).start()
     call_id = _answered_call(server)
     status, body = server.post_json(
@@ -283,3 +284,57 @@ def test_a_consult_that_fails_takes_the_caller_off_hold_back_to_the_agent(
     assert _said(session).count("transfer_consulting") == 1
     assert "transfer_failed" in _said(session)
     assert server.metric("voicegate_transfers_total", mode="attended", outcome="failed") == 1
+
+
+def test_an_attended_transfer_briefs_the_person_and_hands_over_when_the_api_says_so(
+    server_factory: ServerFactory, tmp_path: Path
+) -> None:
+    """The person on the consult leg hears transfer.consult_brief from transfer.caller_id (the
+    target checks the From with check_it); with consult_complete = "api" no REFER goes until
+    POST .../transfer/complete, which a call-centre integration sends once its agent accepts."""
+    target_leg, target = _desk(tmp_path, "uas-consult-briefed.xml")
+    server = server_factory(
+        **ENV,
+        VOICEGATE_TRANSFER_CALLER_ID=CALLER_ID,
+        VOICEGATE_TRANSFER_CONSULT_COMPLETE="api",
+    )
+    capture = Capture(tmp_path / "rtp.pcap", server.rtp_min, server.rtp_max)
+    try:
+        caller = Sipp("uac-transfer-attended.xml", server.sip_target, tmp_path).start()
+        call_id = _answered_call(server)
+        status, body = server.post_json(
+            f"/v1/calls/{call_id}/transfer", {"target": target, "mode": "attended"}
+        )
+        assert (status, body["mode"]) == (202, "attended")
+        # Nothing to complete while the consult leg rings (its answer comes after 500 ms).
+        assert server.post(f"/v1/calls/{call_id}/transfer/complete") == 409
+
+        def consult() -> object:
+            status, call = server.http(f"/v1/calls/{call_id}")
+            return call["live"]["consult"] if status == 200 else None
+
+        wait_for(lambda: consult() == "briefing", 10, "the brief")
+        wait_for(lambda: consult() == "waiting", 15, "the brief to end")
+        assert "consult_answered" in _types(server.http(f"/v1/sessions/{call_id}")[1])
+        assert "transfer_finished" not in _types(server.http(f"/v1/sessions/{call_id}")[1])
+        assert server.post(f"/v1/calls/{call_id}/transfer/complete") == 202
+        assert caller.wait() == 0, caller.errors()  # the REFER with Replaces, then our BYE
+        assert target_leg.wait() == 0, target_leg.errors()
+    finally:
+        packets = capture.stop()
+    session = _ended(server, call_id)
+    assert (session["ended"]["terminal_state"], session["ended"]["reason"]) == (
+        "completed",
+        "transferred",
+    )
+    assert server.metric("voicegate_transfers_total", mode="attended", outcome="completed") == 1
+    # What voicegate sent by RTP port: the caller's leg first (the greeting), the consult leg's
+    # when the person answered, and on it the brief: speech, not the silence of an idle port.
+    ours = range(server.rtp_min, server.rtp_max + 1)
+    sent: dict[int, list[RtpPacket]] = defaultdict(list)
+    for packet in packets:
+        if packet.src_port in ours and packet.dst_port not in ours and packet.payload_type == 8:
+            sent[packet.src_port].append(packet)
+    assert len(sent) == 2, {port: len(p) for port, p in sent.items()}
+    _to_caller, to_consult = sorted(sent.values(), key=lambda p: p[0].at)
+    assert len([p for p in to_consult if p.rms > LOUD]) >= 50  # a second of the brief at least

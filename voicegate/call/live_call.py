@@ -189,6 +189,9 @@ class LiveCall:
             "started_at": self.started_at,
             "answered_at": self.answered_at,
             "duration_s": round(now - self.started_at, 3),
+            # An attended transfer's consultation: ringing, briefing, waiting (for the API's
+            # complete) or handing_over; None without one (voicegate/call/consult.py).
+            "consult": self.transfer.consult_stage(),
         }
 
     # --- fed by the runtime ---------------------------------------------------------------------
@@ -476,6 +479,7 @@ class LiveCall:
             metrics.stale_frames_played.inc(playout.stale_played_frames - self._stale_played_seen)
             self._stale_played_seen = playout.stale_played_frames
         await self._playback_events(playout)
+        self.transfer.bridge.tick()  # an attended transfer's brief on the consult leg
         self._hold.on_tick()
         self._hangup.on_tick()
 

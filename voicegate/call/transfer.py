@@ -173,6 +173,24 @@ class CallTransfer:
         else:
             self._resume.issue("transfer", send)
 
+    def consult_stage(self) -> str | None:
+        consultation = self.bridge.consultation
+        if consultation is None or self.bridge.leg_id is None:
+            return None
+        return consultation.stage.value
+
+    def complete(self) -> TransferRefused | None:
+        """``POST /v1/calls/{id}/transfer/complete``: hand the caller over to the person on the
+        consult leg now (transfer.consult_complete = api, or to cut the brief short)."""
+        why = self.bridge.complete()
+        return TransferRefused(409, why, "call_id") if why is not None else None
+
+    def cancel(self) -> TransferRefused | None:
+        """``POST /v1/calls/{id}/transfer/cancel``: call the consultation off; the caller goes
+        back to the agent."""
+        why = self.bridge.cancel()
+        return TransferRefused(409, why, "call_id") if why is not None else None
+
     # --- progress --------------------------------------------------------------------------------
 
     def status(self, report: ev.TransferStatus) -> None:

@@ -227,6 +227,32 @@ async def transfer_call(request: web.Request) -> web.Response:
     )
 
 
+async def complete_transfer(request: web.Request) -> web.Response:
+    return await _consultation(request, "complete")
+
+
+async def cancel_transfer(request: web.Request) -> web.Response:
+    return await _consultation(request, "cancel")
+
+
+async def _consultation(request: web.Request, action: str) -> web.Response:
+    """An attended transfer's go-ahead (``.../transfer/complete``: the REFER with Replaces goes
+    now) or its cancel (``.../transfer/cancel``: the consult leg is hung up, the caller goes
+    back to the agent). 202 once done; 404 not live here, 409 no consultation to act on."""
+    runtime = request.app[RUNTIME]
+    call_id = request.match_info["call_id"]
+    live = runtime.calls.get(call_id)
+    if live is not None and (refusal := foreign(request, live.tenant, call_id=call_id)):
+        return refusal
+    refused = runtime.consultation(call_id, action)
+    if refused is not None:
+        return json_error(refused.status, refused.message, field=refused.field, call_id=call_id)
+    key = "completing" if action == "complete" else "canceled"
+    return web.json_response(
+        {"call_id": call_id, key: True, "session": f"/v1/sessions/{call_id}"}, status=202
+    )
+
+
 def _summary_json(summary: SessionSummary) -> dict[str, object]:
     return {
         "session_id": summary.session_id,
@@ -448,6 +474,8 @@ def make_app(runtime: Runtime) -> web.Application:
     app.router.add_get("/v1/calls/{call_id}", get_call, allow_head=False)
     app.router.add_post("/v1/calls/{call_id}/hangup", hangup_call)
     app.router.add_post("/v1/calls/{call_id}/transfer", transfer_call)
+    app.router.add_post("/v1/calls/{call_id}/transfer/complete", complete_transfer)
+    app.router.add_post("/v1/calls/{call_id}/transfer/cancel", cancel_transfer)
     add_sessions_routes(app, runtime)
     return app
 
