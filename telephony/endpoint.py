@@ -27,7 +27,7 @@ import pjsua2 as pj
 from telephony import events as ev
 from telephony.admission import Admission
 from telephony.bridge import connect_bridge
-from telephony.calls import ReferredCall, SipAccount, SipCall, SipLibrary
+from telephony.calls import SipAccount, SipCall, SipLibrary
 from telephony.dial import place_call
 from telephony.dialog_end import DialogKey, DialogTerminator, Lingering
 from telephony.frame_copy import select_copier
@@ -99,7 +99,7 @@ class SipEndpoint:
         # Every pjsua2 Call wrapper lives in exactly one of these until PJSIP reports it
         # DISCONNECTED, and is dropped right then (see on_call_state for why).
         self._calls: dict[str, SipCall] = {}
-        self._refers = Refers(self.post, config.follow_refer)
+        self._refers = Refers(self.post, config.follow_refer, self._calls, config.max_calls)
         self._refusals = Refusals()
         self._half_open = HalfOpen(config.ack_timeout_s)
         self._lingering = Lingering()
@@ -233,7 +233,6 @@ class SipEndpoint:
                 while (self._calls or self._refusals) and time.monotonic() < deadline:
                     ep.libHandleEvents(_POLL_MS)
             self._calls.clear()
-            self._refers.clear()
             self._refusals.clear()
             if self._account is not None:
                 self._account.shutdown()
@@ -311,9 +310,6 @@ class SipEndpoint:
 
     def on_transfer_request(self, call: SipCall, prm: Any) -> None:
         self._refers.on_request(call, prm, self._account)
-
-    def on_referred_state(self, call: ReferredCall) -> None:
-        self._refers.on_referred_state(call)
 
     def on_incoming(self, account: SipAccount, prm: Any) -> None:
         call = SipCall(self, account, prm.callId)

@@ -426,6 +426,8 @@ class Runtime:
                 )
             case ev.CallOffered():
                 self._start_call(event)
+            case ev.CallReferred():
+                self._start_referred(event)
             case ev.DialogEndedLocally():
                 self.metrics.dialogs_ended_locally.inc()
                 log.info("sip.dialog_ended_locally", extra={"why": "nobody answered its BYE"})
@@ -476,6 +478,16 @@ class Runtime:
         if call.session is None:
             return PlaceRefused(503, "the call's session could not be started (see the log)")
         return offer.call_id
+
+    def _start_referred(self, event: ev.CallReferred) -> None:
+        """A followed inbound REFER's new call gets a session and its tenant's agent, like a
+        call of POST /v1/calls whose INVITE pjsua already sent (voicegate/call/legs.py)."""
+        offer = dataclasses.replace(
+            new_leg_offer(event.target), call_id=event.call_id, tenant=event.tenant
+        )
+        outbound = self.outbound_for(event.tenant)
+        leg = OutboundLeg(event.target, outbound.ring_timeout_s, referred_by=event.referred_by)
+        self._start_call(offer, leg)
 
     def free_slots(self) -> int:
         return self.settings.pool.calls_per_worker - len(self.calls) - len(self.legs)

@@ -34,6 +34,10 @@ class OutboundLeg:
     ring_timeout_s: float
     headers: tuple[tuple[str, str], ...] = ()
     caller_id: str = ""
+    referred_by: str = ""
+    """A followed inbound REFER's new call: the session id of the call whose REFER it follows.
+    pjsua sends its INVITE itself, from inside the REFER's callback (telephony.refer), so no
+    Dial follows the session's start, and the INVITE may leave before that is durable."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -277,6 +277,8 @@ class LiveCall:
         )
         if self.outbound is not None:
             meta["direction"] = "outbound"
+            if self.outbound.referred_by:
+                meta["referred_by"] = self.outbound.referred_by  # RFC 3515: a referenced call
             offered = sev.CallPlaced(caller, self.outbound.ring_timeout_s, services.policy(tenant))
         call_id, owner, at = self.call_id, services.owner, self.started_at
         lease = await asyncio.wrap_future(
@@ -301,7 +303,9 @@ class LiveCall:
         self.session_started.set()
         if self.outbound is not None:
             leg = self.outbound
-            if self._hangup.plan is None and self.phase is CallPhase.RINGING:
+            # A followed REFER's call is on its way already (pjsua's INVITE, telephony.refer).
+            placing = self._hangup.plan is None and self.phase is CallPhase.RINGING
+            if placing and not leg.referred_by:
                 services.submit(
                     ev.Dial(
                         self.call_id,
