@@ -338,3 +338,36 @@ def test_an_attended_transfer_briefs_the_person_and_hands_over_when_the_api_says
     assert len(sent) == 2, {port: len(p) for port, p in sent.items()}
     _to_caller, to_consult = sorted(sent.values(), key=lambda p: p[0].at)
     assert len([p for p in to_consult if p.rms > LOUD]) >= 50  # a second of the brief at least
+
+
+def test_an_attended_transfer_the_api_cancels_takes_the_caller_back_and_ends_the_consult(
+    server_factory: ServerFactory, tmp_path: Path
+) -> None:
+    target_leg, target = _desk(tmp_path, "uas-consult.xml")  # exits 0 on our BYE
+    server = server_factory(
+        **ENV, VOICEGATE_TRANSFER_CONSULT_BRIEF="", VOICEGATE_TRANSFER_CONSULT_COMPLETE="api"
+    )
+    # This caller fails on any REFER: none may come once the consultation is called off.
+    caller = Sipp("uac-wait-for-bye.xml", server.sip_target, tmp_path).start()
+    call_id = _answered_call(server)
+    status, body = server.post_json(
+        f"/v1/calls/{call_id}/transfer", {"target": target, "mode": "attended"}
+    )
+    assert status == 202, body
+    wait_for(
+        lambda: server.http(f"/v1/calls/{call_id}")[1]["live"]["consult"] == "waiting",
+        10,
+        "the consultation to wait for the API",
+    )
+    assert server.post(f"/v1/calls/{call_id}/transfer/cancel") == 202
+    assert target_leg.wait() == 0, target_leg.errors()
+    assert server.post(f"/v1/calls/{call_id}/transfer/cancel") == 409  # nothing left to cancel
+    status, call = server.http(f"/v1/calls/{call_id}")
+    assert (call["live"]["state"], call["live"]["consult"]) == ("answered", None)
+    assert server.post(f"/v1/calls/{call_id}/hangup") == 202
+    assert caller.wait() == 0, caller.errors()
+    session = _ended(server, call_id)
+    (finished,) = [e for e in session["events"] if e["type"] == "transfer_finished"]
+    assert (finished["payload"]["ok"], finished["payload"]["status"]) == (False, 487)
+    assert "transfer_failed" in _said(session)
+    assert server.metric("voicegate_transfers_total", mode="attended", outcome="canceled") == 1

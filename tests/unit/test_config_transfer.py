@@ -109,3 +109,19 @@ def test_a_caller_id_that_could_break_the_from_header_is_refused(value: str) -> 
         message = _error(**{f"VOICEGATE_{name}_CALLER_ID": value})
         assert f"{name.lower()}.caller_id" in message
         assert "a SIP URI" in message
+
+
+def test_a_consult_brief_names_a_prompt_file_that_exists() -> None:
+    from voicegate.runtime import prompt_problems
+
+    assert prompt_problems(load_settings(environ={})) == []  # consult_brief.wav is shipped
+    assert prompt_problems(load_settings(environ={"VOICEGATE_TRANSFER_CONSULT_BRIEF": ""})) == []
+    (problem,) = prompt_problems(
+        load_settings(environ={"VOICEGATE_TRANSFER_CONSULT_BRIEF": "no_such_prompt"})
+    )
+    assert problem.startswith("transfer.consult_brief = 'no_such_prompt': no no_such_prompt.wav")
+    assert "set it empty for no brief" in problem
+    message = _error(VOICEGATE_TRANSFER_CONSULT_BRIEF="../etc/passwd")
+    assert "transfer.consult_brief" in message
+    message = _error(VOICEGATE_TRANSFER_CONSULT_COMPLETE="whenever")
+    assert "transfer.consult_complete" in message and "after_brief" in message
