@@ -315,10 +315,7 @@ def caller_id() -> Rule:
     """The From of an INVITE we send (RFC 3261 section 20.20): a SIP URI, or a display name in
     double quotes and the URI in <>; it goes out verbatim, so nothing that could end the header
     or smuggle parameters into it is allowed."""
-    allowed = (
-        'empty, or a SIP URI such as "sip:+4930123456@trunk.example.com", optionally after a '
-        "display name in double quotes with the URI in <> (\"Acme\" <sip:...>)"
-    )
+    allowed = 'empty, or a SIP URI such as sip:+4930123@trunk.example, or "Name" <sip:...>'
 
     def check(value: str) -> str:
         if not value:

@@ -138,8 +138,7 @@ def load_tenants_with_key(key: str) -> Tenants:
         (
             '[tenants.acme.outbound]\ncaller_id = "+4930100"',
             "tenants.acme.outbound.caller_id = '+4930100': expected empty, or a SIP URI such as "
-            '"sip:+4930123456@trunk.example.com", optionally after a display name in double '
-            'quotes with the URI in <> ("Acme" <sip:...>)',
+            'sip:+4930123@trunk.example, or "Name" <sip:...>',
         ),
         (
             '[tenants.acme]\napi_keys = ["my-secret-key"]',
