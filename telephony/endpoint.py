@@ -277,7 +277,12 @@ class SipEndpoint:
                     call.answer(prm)
             case ev.Hangup(call_id=call_id, status=status, reason=reason):
                 call = self._calls.get(call_id)
-                if call is not None and not call.local_hangup:
+                if call is not None and call.getId() == pj.PJSUA_INVALID_ID:
+                    # A followed REFER's call that pjsua never placed (its INVITE could not
+                    # leave: telephony.refer): no dialog to end, only its slot to give back.
+                    del self._calls[call_id]
+                    self.post(ev.CallEnded(call_id, "server", 503, "never placed", answered=False))
+                elif call is not None and not call.local_hangup:
                     self._hang_up(call, status, reason)
             case ev.ProbeDialog(call_id=call_id, generation=generation, attempt=attempt):
                 call = self._calls.get(call_id)
