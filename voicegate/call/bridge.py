@@ -90,6 +90,7 @@ class CallBridge:
                 self._services.transfer_for(self._state.tenant),
                 self._services.prompt,
                 self._send_replaces,
+                lambda detail: self.tell(TransferUpdate("trying", 200, detail)),
             )
             if consult
             else None

@@ -49,11 +49,14 @@ class Consultation:
         settings: TransferSettings,
         prompt: Callable[[str, int], NDArray[np.int16]],
         hand_over: Callable[[], None],
+        tell: Callable[[str], None] = lambda detail: None,
     ) -> None:
         self._call_id = call_id
         self._settings = settings
         self._prompt = prompt
         self._hand_over = hand_over
+        # The agent hears each step (a transfer update "trying" 200 with this detail).
+        self._tell = tell
         self.stage = Stage.RINGING
         self._channel: MediaChannel | None = None
         self._brief_queued = False
@@ -68,6 +71,7 @@ class Consultation:
         """``consult_answered`` is durable: brief the person, or go on at once."""
         if self.stage is not Stage.RINGING:
             return
+        self._tell("consult answered")
         if not self._settings.consult_brief:
             self._briefed()
             return
@@ -118,6 +122,7 @@ class Consultation:
         if self._settings.consult_complete == "api":
             self.stage = Stage.WAITING
             log.info("transfer.consult_waiting", extra={"call_id": self._call_id})
+            self._tell("consult waiting for the go-ahead")
             return
         self._go()
 
