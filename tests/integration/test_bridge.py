@@ -328,6 +328,7 @@ def test_an_attended_transfer_briefs_the_person_and_hands_over_when_the_api_says
         "transferred",
     )
     assert server.metric("voicegate_transfers_total", mode="attended", outcome="completed") == 1
+    _check_handle(server, tmp_path, session["session_id"])
     # What voicegate sent by RTP port: the caller's leg first (the greeting), the consult leg's
     # when the person answered, and on it the brief: speech, not the silence of an idle port.
     ours = range(server.rtp_min, server.rtp_max + 1)
