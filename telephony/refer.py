@@ -75,12 +75,21 @@ class Refers:
         log.info("transfer.refer_replaces_sent", extra={"call_id": call_id})
 
     def on_request(self, call: SipCall, prm: Any, account: SipAccount | None) -> None:
-        """An inbound REFER (RFC 3515): refused with 403 unless policy allows its target (503
+        """An inbound REFER (RFC 3515): refused with 403 unless policy allows its target and the
+        call is not a transfer's own leg (503
         without a free call slot for the new call); an allowed one is followed by pjsua (202,
         the INVITE, NOTIFYs of its progress) as a new call of ours, reported as
         :class:`~telephony.events.CallReferred` so that it gets its own session."""
         target = referred_uri(str(prm.dstUri))
-        allowed = call.answered and self._follow is not None and self._follow(call.tenant, target)
+        # A transfer's own leg (a bridge's, a consult) carries the caller's call: its far end may
+        # not move it elsewhere, whatever the policy (the new call would have nobody on it).
+        ours = bool(call.bridge_to) or call.consult
+        allowed = (
+            call.answered
+            and not ours
+            and self._follow is not None
+            and self._follow(call.tenant, target)
+        )
         if not allowed or account is None:
             self._refuse(call, prm, 403, target)
             return
