@@ -533,14 +533,15 @@ class Runtime:
         return True
 
     def transfer(
-        self, call_id: str, target: str | None, mode: str | None
+        self, call_id: str, target: str | None, mode: str | None, complete: str | None = None
     ) -> TransferRefused | None:
-        """Start a blind transfer of a live call; None once under way, else why not (404 for a
-        call that is not live here)."""
+        """Start a transfer of a live call; None once under way, else why not (404 for a call
+        that is not live here). ``complete``: an attended transfer's consult_complete for this
+        transfer only."""
         call = self.calls.get(call_id)
         if call is None:
             return TransferRefused(404, "no such live call here", "call_id")
-        return call.transfer.start(target, mode)
+        return call.transfer.start(target, mode, complete)
 
     def consultation(self, call_id: str, action: str) -> TransferRefused | None:
         """Complete (``complete``) or call off (``cancel``) a live call's attended transfer

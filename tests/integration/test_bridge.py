@@ -290,20 +290,18 @@ def test_an_attended_transfer_briefs_the_person_and_hands_over_when_the_api_says
     server_factory: ServerFactory, tmp_path: Path
 ) -> None:
     """The person on the consult leg hears transfer.consult_brief from transfer.caller_id (the
-    target checks the From with check_it); with consult_complete = "api" no REFER goes until
+    target checks the From with check_it); with "complete": "api" no REFER goes until
     POST .../transfer/complete, which a call-centre integration sends once its agent accepts."""
     target_leg, target = _desk(tmp_path, "uas-consult-briefed.xml")
-    server = server_factory(
-        **ENV,
-        VOICEGATE_TRANSFER_CALLER_ID=CALLER_ID,
-        VOICEGATE_TRANSFER_CONSULT_COMPLETE="api",
-    )
+    server = server_factory(**ENV, VOICEGATE_TRANSFER_CALLER_ID=CALLER_ID)
     capture = Capture(tmp_path / "rtp.pcap", server.rtp_min, server.rtp_max)
     try:
         caller = Sipp("uac-transfer-attended.xml", server.sip_target, tmp_path).start()
         call_id = _answered_call(server)
+        # "complete": "api" for this transfer (transfer.consult_complete stays after_brief).
         status, body = server.post_json(
-            f"/v1/calls/{call_id}/transfer", {"target": target, "mode": "attended"}
+            f"/v1/calls/{call_id}/transfer",
+            {"target": target, "mode": "attended", "complete": "api"},
         )
         assert (status, body["mode"]) == (202, "attended")
         # Nothing to complete while the consult leg rings (its answer comes after 500 ms).
@@ -351,6 +349,10 @@ def test_an_attended_transfer_the_api_cancels_takes_the_caller_back_and_ends_the
     # This caller fails on any REFER: none may come once the consultation is called off.
     caller = Sipp("uac-wait-for-bye.xml", server.sip_target, tmp_path).start()
     call_id = _answered_call(server)
+    status, body = server.post_json(
+        f"/v1/calls/{call_id}/transfer", {"target": target, "mode": "blind", "complete": "api"}
+    )
+    assert (status, body["field"]) == (400, "complete"), body  # attended only; nothing changed
     status, body = server.post_json(
         f"/v1/calls/{call_id}/transfer", {"target": target, "mode": "attended"}
     )

@@ -26,6 +26,7 @@ when no slot is free for its leg, instead of failing half-way.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
 from collections.abc import Callable
@@ -76,18 +77,22 @@ class CallBridge:
     def owns(self, call_id: str) -> bool:
         return self.leg_id is not None and call_id == self.leg_id
 
-    def place(self, target: str, *, consult: bool = False) -> None:
+    def place(self, target: str, *, consult: bool = False, complete: str | None = None) -> None:
         """Dial the target (the session's step asking for it is durable): a bridge's leg, or an
-        attended transfer's consult leg. Either carries the context headers on its INVITE, with a
-        new resume handle once that is durable."""
+        attended transfer's consult leg (``complete``: its consult_complete, if the request
+        named one). Either carries the context headers on its INVITE, with a new resume handle
+        once that is durable."""
         call_id = self._state.call_id
         leg_id = self.leg_id = uuid.uuid4().hex
         self.up = self._counted = self._refer_sent = False
         self.consult = consult
+        settings = self._services.transfer_for(self._state.tenant)
+        if complete is not None:
+            settings = dataclasses.replace(settings, consult_complete=complete)
         self.consultation = (
             Consultation(
                 call_id,
-                self._services.transfer_for(self._state.tenant),
+                settings,
                 self._services.prompt,
                 self._send_replaces,
                 lambda detail: self.tell(TransferUpdate("trying", 200, detail)),

@@ -13,7 +13,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from config.rules import Invalid, sip_uri
-from config.settings import TRANSFER_MODES
+from config.settings import CONSULT_COMPLETIONS, TRANSFER_MODES
 from config.tenants import DEFAULT_TENANT
 from session.durable import DurableSession
 from session.resume import ResumeRecord, issue
@@ -170,11 +170,22 @@ async def place_call(request: web.Request) -> web.Response:
 
 
 async def read_transfer(request: web.Request) -> dict[str, str] | web.Response:
-    """The body of ``POST /v1/calls/{id}/transfer``: ``target`` (a bare SIP URI) and an
-    optional ``mode``, or the 400 naming the field (shared with the pool's app)."""
-    body = await json_object(request, required=frozenset({"target"}), optional=frozenset({"mode"}))
+    """The body of ``POST /v1/calls/{id}/transfer``: ``target`` (a bare SIP URI), an optional
+    ``mode`` and, for an attended transfer, an optional ``complete`` (when the caller is handed
+    over, voicegate/call/consult.py), or the 400 naming the field (shared with the pool's app)."""
+    body = await json_object(
+        request, required=frozenset({"target"}), optional=frozenset({"mode", "complete"})
+    )
     if isinstance(body, web.Response):
         return body
+    complete = body.get("complete")
+    if complete is not None and complete not in CONSULT_COMPLETIONS:
+        return json_error(
+            400,
+            f"complete must be one of {', '.join(CONSULT_COMPLETIONS)}",
+            field="complete",
+            allowed=list(CONSULT_COMPLETIONS),
+        )
     try:
         _TARGET.check(body["target"])
     except Invalid as exc:
@@ -201,7 +212,7 @@ async def transfer_call(request: web.Request) -> web.Response:
     body = await read_transfer(request)
     if isinstance(body, web.Response):
         return body
-    refused = runtime.transfer(call_id, body["target"], body.get("mode"))
+    refused = runtime.transfer(call_id, body["target"], body.get("mode"), body.get("complete"))
     if refused is not None:
         # Only a live call can be refused for its target: its tenant's patterns are the answer.
         allowed = (
