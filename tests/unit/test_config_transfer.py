@@ -3,10 +3,16 @@ configured target the patterns refuse is caught at load time, not on the first t
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from config import ConfigError, load_settings
 from config.settings import target_allowed
+from voicegate.runtime import prompt_problems
 
 
 def _error(**env: str) -> str:
@@ -112,8 +118,6 @@ def test_a_caller_id_that_could_break_the_from_header_is_refused(value: str) -> 
 
 
 def test_a_consult_brief_names_a_prompt_file_that_exists() -> None:
-    from voicegate.runtime import prompt_problems
-
     assert prompt_problems(load_settings(environ={})) == []  # consult_brief.wav is shipped
     assert prompt_problems(load_settings(environ={"VOICEGATE_TRANSFER_CONSULT_BRIEF": ""})) == []
     (problem,) = prompt_problems(
@@ -125,3 +129,20 @@ def test_a_consult_brief_names_a_prompt_file_that_exists() -> None:
     assert "transfer.consult_brief" in message
     message = _error(VOICEGATE_TRANSFER_CONSULT_COMPLETE="whenever")
     assert "transfer.consult_complete" in message and "after_brief" in message
+
+
+def test_check_config_stops_on_a_consult_brief_without_its_prompt_file() -> None:
+    root = Path(__file__).resolve().parents[2]
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("VOICEGATE_")}
+    env = {"VOICEGATE_TRANSFER_CONSULT_BRIEF": "no_such_prompt", "PYTHONPATH": str(root)}
+    done = subprocess.run(
+        [sys.executable, "-m", "voicegate", "check-config"],
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "transfer.consult_brief = 'no_such_prompt'" in done.stderr
+    assert done.stderr.count("\n") == 1  # one line an operator can read
