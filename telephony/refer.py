@@ -1,5 +1,6 @@
 """REFER on the SIP thread, both ways: the blind transfers we send, and the policy on the ones the
-caller's side sends us (telephony.endpoint delegates here; telephony.transfer builds the values).
+caller's side sends us, whose followed calls are calls of ours (telephony.endpoint delegates
+here; telephony.transfer builds the values).
 
 Runs on the SIP thread only, like everything that touches pjsua2.
 """
@@ -76,10 +77,10 @@ class Refers:
 
     def on_request(self, call: SipCall, prm: Any, account: SipAccount | None) -> None:
         """An inbound REFER (RFC 3515): refused with 403 unless policy allows its target and the
-        call is not a transfer's own leg (503
-        without a free call slot for the new call); an allowed one is followed by pjsua (202,
-        the INVITE, NOTIFYs of its progress) as a new call of ours, reported as
-        :class:`~telephony.events.CallReferred` so that it gets its own session."""
+        call is not a transfer's own leg, with 503 without a free call slot for the new call; an
+        allowed one is followed by pjsua (202, the INVITE, NOTIFYs of its progress) as a new call
+        of ours, reported as :class:`~telephony.events.CallReferred` so that it gets its own
+        session."""
         target = referred_uri(str(prm.dstUri))
         # A transfer's own leg (a bridge's, a consult) carries the caller's call: its far end may
         # not move it elsewhere, whatever the policy (the new call would have nobody on it).

@@ -1,6 +1,7 @@
 """The leg voicegate places to a transfer's target: a bridged transfer's (and the bridge's
-life), or an attended transfer's consult leg (answered: ``consult_answered``, then the REFER
-with Replaces in the caller's dialog, telephony/refer.py; it ending before that REFER fails the
+life), or an attended transfer's consult leg (answered: ``consult_answered``, then the
+consultation, voicegate/call/consult.py: the brief and the go-ahead, then the REFER with
+Replaces in the caller's dialog, telephony/refer.py; it ending before that REFER fails the
 transfer, after it is the target's normal end of the consult dialog, RFC 5589 section 7.1).
 
 Asked for as ``mode = "bridge"`` (the control API, an agent's ``transfer(target, mode=...)``,
@@ -202,7 +203,13 @@ class CallBridge:
 
     def complete(self) -> str | None:
         """``POST .../transfer/complete``: hand the caller over now (None), else why not."""
-        if self.consultation is None or self.leg_id is None:
+        state = self._state.session_state
+        if (
+            self.consultation is None
+            or self.leg_id is None
+            or state is None
+            or state.signaling is not Signaling.TRANSFERRING
+        ):
             return "no attended transfer is consulting"
         return self.consultation.complete()
 
