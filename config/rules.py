@@ -226,6 +226,23 @@ def name_token() -> Rule:
     return Rule(allowed, check)
 
 
+def prompt_name(*, empty_ok: bool = False) -> Rule:
+    """The name of a prompt file (``<name>.wav`` in agent.prompts_dir); whether it exists is
+    checked at start-up, against the directory (voicegate.runtime.prompt_problems)."""
+    allowed = "1 to 64 lower-case letters, digits or '_' (a prompt's file name without .wav)"
+    if empty_ok:
+        allowed = "empty, or " + allowed
+
+    def check(value: str) -> str:
+        if empty_ok and not value:
+            return value
+        if not re.fullmatch(r"[a-z0-9_]{1,64}", value):
+            raise _refuse(allowed)
+        return value
+
+    return Rule(allowed, check)
+
+
 def directory(*, empty_ok: bool = False) -> Rule:
     """A directory path, made absolute against the current directory when checked.
 
@@ -288,6 +305,24 @@ def sip_uri(*, empty_ok: bool = False) -> Rule:
         if empty_ok and not value:
             return value
         if not _SIP_URI.fullmatch(value):
+            raise _refuse(allowed)
+        return value
+
+    return Rule(allowed, check)
+
+
+def caller_id() -> Rule:
+    """The From of an INVITE we send (RFC 3261 section 20.20): a SIP URI, or a display name in
+    double quotes and the URI in <>; it goes out verbatim, so nothing that could end the header
+    or smuggle parameters into it is allowed."""
+    allowed = 'empty, or a SIP URI such as sip:+4930123@trunk.example, or "Name" <sip:...>'
+
+    def check(value: str) -> str:
+        if not value:
+            return value
+        named = re.fullmatch(r'"([ !#-\[\]-~]{1,64})" <(.+)>', value)
+        uri = named.group(2) if named else value
+        if not _SIP_URI.fullmatch(uri) or (named is not None and not named.group(1).strip()):
             raise _refuse(allowed)
         return value
 

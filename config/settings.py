@@ -33,12 +33,16 @@ from config.rules import (
     key,
     name_token,
     one_of,
+    prompt_name,
     secret_text,
     sha256_hashes,
     sip_uri,
     sip_uri_patterns,
     sip_users,
     websocket_url,
+)
+from config.rules import (
+    caller_id as from_header,
 )
 from config.tenants import TenantSettings
 from config.tools import ToolSettings
@@ -519,6 +523,7 @@ class AgentSettings:
 
 
 TRANSFER_MODES = ("blind", "bridge", "attended")
+CONSULT_COMPLETIONS = ("after_brief", "api")
 
 
 def target_allowed(target: str, patterns: tuple[str, ...]) -> bool:
@@ -590,6 +595,33 @@ class TransferSettings:
             "off, every inbound REFER is refused with 403",
         ),
     )
+    consult_brief: str = field(
+        default="consult_brief",
+        metadata=key(
+            prompt_name(empty_ok=True),
+            "Attended transfers: the prompt the person on the consult leg hears once they "
+            "answer, before the caller is handed over; empty = none (the REFER with Replaces "
+            "then goes at once, or waits for the API with consult_complete = api)",
+        ),
+    )
+    consult_complete: str = field(
+        default="after_brief",
+        metadata=key(
+            one_of(*CONSULT_COMPLETIONS),
+            "Attended transfers: when the caller is handed over: after_brief (once the brief "
+            "has played) or api (when POST /v1/calls/{id}/transfer/complete says so); either "
+            "way within notify_timeout_s of the transfer's start",
+        ),
+    )
+    caller_id: str = field(
+        default="",
+        metadata=key(
+            from_header(),
+            "The From of the INVITE voicegate sends to a transfer's target (a bridge's leg, an "
+            "attended transfer's consult leg): what the call centre's screen shows; empty = "
+            "voicegate's own URI (sip:voicegate@<sip.address>:<sip.port>)",
+        ),
+    )
 
     def allows(self, target: str) -> bool:
         return target_allowed(target, self.allowed_targets)
@@ -611,6 +643,14 @@ class OutboundSettings:
             float_range(1, 300),
             "How long an outbound call may ring before voicegate gives it up (CANCEL): outcome "
             "no_answer, the session ends timed_out at stage ringing",
+        ),
+    )
+    caller_id: str = field(
+        default="",
+        metadata=key(
+            from_header(),
+            "The From of the INVITE of POST /v1/calls: what the callee's phone shows; empty = "
+            "voicegate's own URI (sip:voicegate@<sip.address>:<sip.port>)",
         ),
     )
 

@@ -11,10 +11,13 @@ A tenant's table::
     factory = "acme.agent:Agent"
     [tenants.acme.transfer]              # any [transfer] key; the rest inherited
     default_target = "sip:queue@centre.acme.example"
+    [tenants.acme.outbound]              # any [outbound] key; the rest inherited
+    allowed_targets = ["sip:*@customers.acme.example"]
 
-Without tables there is one tenant, ``default``: ``sip.numbers``, ``http.api_keys``, ``[agent]`` and
-``[transfer]``. With tables, those two top-level lists must be empty (each number and key belongs
-to one declared tenant), and ``[agent]`` and ``[transfer]`` are what tenants inherit.
+Without tables there is one tenant, ``default``: ``sip.numbers``, ``http.api_keys``, ``[agent]``,
+``[transfer]`` and ``[outbound]``. With tables, those two top-level lists must be empty (each
+number and key belongs to one declared tenant), and ``[agent]``, ``[transfer]`` and ``[outbound]``
+are what tenants inherit.
 Tenants are declared in the file only; there are no ``VOICEGATE_TENANT_*`` variables.
 """
 
@@ -32,14 +35,16 @@ from config.tenants import DEFAULT_TENANT, Tenants, TenantSettings
 
 _NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 _LISTS = {"numbers": sip_users(), "trunks": ip_networks(), "api_keys": sha256_hashes()}
-_SUBTABLES = ("agent", "transfer")
+_SUBTABLES = ("agent", "transfer", "outbound")
 # Process-wide: one prompt library serves every call of a process.
 _NOT_PER_TENANT = frozenset({"agent.prompts_dir"})
 
 
 def default_tenant(s: Settings) -> TenantSettings:
     """The one tenant of a config without ``[tenants.*]`` tables."""
-    return TenantSettings(DEFAULT_TENANT, s.sip.numbers, (), s.http.api_keys, s.agent, s.transfer)
+    return TenantSettings(
+        DEFAULT_TENANT, s.sip.numbers, (), s.http.api_keys, s.agent, s.transfer, s.outbound
+    )
 
 
 def tenants_of(s: Settings) -> Tenants:
@@ -116,11 +121,12 @@ def _tenant(
         return None, problems
     agent = dataclasses.replace(s.agent, **sections["agent"])  # type: ignore[arg-type]
     transfer = dataclasses.replace(s.transfer, **sections["transfer"])  # type: ignore[arg-type]
+    outbound = dataclasses.replace(s.outbound, **sections["outbound"])  # type: ignore[arg-type]
     for p in [*agent_problems(agent, s.session), *transfer_problems(transfer)]:
         keys = ", ".join(k if k.startswith("session.") else f"tenants.{name}.{k}" for k in p.keys)
         problems.append(f"{keys}{src}: {p.reason}")
     tenant = TenantSettings(
-        name, lists["numbers"], lists["trunks"], lists["api_keys"], agent, transfer
+        name, lists["numbers"], lists["trunks"], lists["api_keys"], agent, transfer, outbound
     )
     return tenant, problems
 
@@ -128,7 +134,8 @@ def _tenant(
 def _section(
     name: str, section: str, table: dict[str, Any], src: str, out: dict[str, object]
 ) -> list[str]:
-    """One tenant's [agent] or [transfer] keys, each checked by the top-level key's own rule."""
+    """One tenant's [agent], [transfer] or [outbound] keys, each checked by the top-level key's
+    own rule."""
     problems = []
     for key, raw in table.items():
         dotted = f"{section}.{key}"

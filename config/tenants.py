@@ -1,7 +1,8 @@
 """Tenants: who owns a call, and whose API key a request carries.
 
 A tenant owns called numbers (SIP user parts) and trunks (the source addresses its carrier sends
-from), holds API keys (their SHA-256 digests only), and has its own agent and transfer settings.
+from), holds API keys (their SHA-256 digests only), and has its own agent, transfer and
+outbound-call settings.
 Every call belongs to exactly one tenant, chosen when its INVITE arrives (:meth:`Tenants.route`);
 every API request with a key acts for exactly one (:meth:`Tenants.by_key`). With no
 ``[tenants.<name>]`` tables the process has one tenant, ``default``, made of the top-level
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from config.settings import AgentSettings, TransferSettings
+    from config.settings import AgentSettings, OutboundSettings, TransferSettings
 
 DEFAULT_TENANT = "default"
 
@@ -33,6 +34,7 @@ class TenantSettings:
     api_keys: tuple[str, ...]  # SHA-256 hex digests, lower case
     agent: AgentSettings
     transfer: TransferSettings
+    outbound: OutboundSettings  # POST /v1/calls for this tenant: its targets, ring time, From
 
     def takes(self, called_user: str, source: str) -> int:
         """How specifically this tenant claims a call: 0 not at all; a listed number counts more

@@ -70,6 +70,8 @@ PROMPTS: dict[str, str] = {
     "transfer_failed": "I could not reach a colleague right now. I am still here to help you.",
     # An attended transfer's consultation (session/machine.py): the caller waits, and is told so.
     "transfer_consulting": "Please hold. I am asking a colleague to take your call.",
+    # What the person on an attended transfer's consult leg hears first (transfer.consult_brief).
+    "consult_brief": "A caller is waiting for you. Their details are in the handoff.",
     # needs_human with transfer.human_target set: the caller goes to a person, and is told why.
     "handoff": "I cannot confirm yet whether your request went through. "
     "I am connecting you to a colleague who can check.",

@@ -30,7 +30,6 @@ class CallOwner(Protocol):
     def on_media_state(self, call: SipCall) -> None: ...
     def on_answer_sent(self, call: SipCall, response: str) -> None: ...
     def on_transfer_request(self, call: SipCall, prm: Any) -> None: ...
-    def on_referred_state(self, call: ReferredCall) -> None: ...
 
 
 class SipAccount(pj.Account):  # type: ignore[misc]
@@ -177,17 +176,3 @@ class SipCall(pj.Call):  # type: ignore[misc]
         if self.accepted:
             method = "rfc2833" if prm.method == pj.PJSUA_DTMF_METHOD_RFC2833 else "sip-info"
             self.owner.post(ev.DtmfReceived(self.call_id, prm.digit, method))
-
-
-class ReferredCall(pj.Call):  # type: ignore[misc]
-    """The call pjsua places when it follows an inbound REFER that policy allowed (RFC 3515
-    section 2.4.2). It must have a Python owner until DISCONNECTED: a wrapper collected by the
-    GC would hang up whatever call holds its index (shared/notes/transfer.md)."""
-
-    def __init__(self, owner: CallOwner, account: SipAccount, referred_by: str) -> None:
-        super().__init__(account)
-        self.owner = owner
-        self.referred_by = referred_by  # the call_id of the call whose REFER this follows
-
-    def onCallState(self, prm: Any) -> None:
-        self.owner.on_referred_state(self)

@@ -29,8 +29,9 @@ def place_call(
 ) -> str | None:
     """Send the INVITE; None once it is on its way, else why it cannot leave (nothing kept).
 
-    RFC 3261 section 8.1.1: pjsua builds From from the account and Contact from the transport;
-    ``command.headers`` are added as they are (the context headers of a bridged transfer).
+    RFC 3261 section 8.1.1: pjsua builds From from the account (or ``command.caller_id``) and
+    Contact from the transport; ``command.headers`` are added as they are (the context headers
+    of a bridged transfer).
     """
     if draining:
         return "the server is shutting down"
@@ -43,7 +44,12 @@ def place_call(
     call.remote_uri = command.target
     call.bridge_to = command.bridge_to
     call.consult = command.consult
+    call.tenant = command.tenant
     prm = pj.CallOpParam(True)
+    if command.caller_id:
+        # pjsua_msg_data.local_uri: this INVITE's From instead of the account's id (the dialog's
+        # local URI, so the BYE and re-INVITEs of the call carry it too, RFC 3261 12.2.1.1).
+        prm.txOption.localUri = command.caller_id
     for name, value in command.headers:
         prm.txOption.headers.append(_header(name, value))
     # Held from before makeCall: PJSIP may report the call's first states from inside it.

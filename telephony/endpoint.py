@@ -27,7 +27,7 @@ import pjsua2 as pj
 from telephony import events as ev
 from telephony.admission import Admission
 from telephony.bridge import connect_bridge
-from telephony.calls import ReferredCall, SipAccount, SipCall, SipLibrary
+from telephony.calls import SipAccount, SipCall, SipLibrary
 from telephony.dial import place_call
 from telephony.dialog_end import DialogKey, DialogTerminator, Lingering
 from telephony.frame_copy import select_copier
@@ -99,7 +99,7 @@ class SipEndpoint:
         # Every pjsua2 Call wrapper lives in exactly one of these until PJSIP reports it
         # DISCONNECTED, and is dropped right then (see on_call_state for why).
         self._calls: dict[str, SipCall] = {}
-        self._refers = Refers(self.post, config.follow_refer)
+        self._refers = Refers(self.post, config.follow_refer, self._calls, config.max_calls)
         self._refusals = Refusals()
         self._half_open = HalfOpen(config.ack_timeout_s)
         self._lingering = Lingering()
@@ -233,7 +233,6 @@ class SipEndpoint:
                 while (self._calls or self._refusals) and time.monotonic() < deadline:
                     ep.libHandleEvents(_POLL_MS)
             self._calls.clear()
-            self._refers.clear()
             self._refusals.clear()
             if self._account is not None:
                 self._account.shutdown()
@@ -278,7 +277,12 @@ class SipEndpoint:
                     call.answer(prm)
             case ev.Hangup(call_id=call_id, status=status, reason=reason):
                 call = self._calls.get(call_id)
-                if call is not None and not call.local_hangup:
+                if call is not None and call.getId() == pj.PJSUA_INVALID_ID:
+                    # A followed REFER's call that pjsua never placed (its INVITE could not
+                    # leave: telephony.refer): no dialog to end, only its slot to give back.
+                    del self._calls[call_id]
+                    self.post(ev.CallEnded(call_id, "server", 503, "never placed", answered=False))
+                elif call is not None and not call.local_hangup:
                     self._hang_up(call, status, reason)
             case ev.ProbeDialog(call_id=call_id, generation=generation, attempt=attempt):
                 call = self._calls.get(call_id)
@@ -311,9 +315,6 @@ class SipEndpoint:
 
     def on_transfer_request(self, call: SipCall, prm: Any) -> None:
         self._refers.on_request(call, prm, self._account)
-
-    def on_referred_state(self, call: ReferredCall) -> None:
-        self._refers.on_referred_state(call)
 
     def on_incoming(self, account: SipAccount, prm: Any) -> None:
         call = SipCall(self, account, prm.callId)
@@ -482,9 +483,8 @@ class SipEndpoint:
             # a=sendonly / inactive from the caller: a hold, not a failure (media_health).
             call.held = media.status == pj.PJSUA_CALL_MEDIA_REMOTE_HOLD
             audio = call.getAudioMedia(media.index)
-            if call.consult:
-                call.audio = audio  # nobody of ours talks on a consult leg (yet)
-                return
+            # A consult leg gets a port like any call: the person hears the brief on it
+            # (voicegate/call/consult.py); the caller's own port never reaches it.
             if call.bridge_to or call.bridged_with:
                 # A bridged transfer (telephony.bridge): the two calls' audio meet in the
                 # conference bridge, with no port of ours in between.

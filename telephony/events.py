@@ -122,6 +122,19 @@ class InboundRefer:
 
 
 @dataclass(frozen=True, slots=True)
+class CallReferred:
+    """A followed inbound REFER's new call (RFC 3515 section 2.4.2), placed by pjsua to
+    ``target`` (its bare URI, unmasked: the session records it masked) for ``tenant``, the
+    referring call's. From here it is reported like a :class:`Dial`'s call: answered,
+    :class:`CallAnswered` and :class:`MediaReady`; its end, :class:`CallEnded`."""
+
+    call_id: str  # the new call's
+    referred_by: str  # the call whose REFER it follows
+    target: str
+    tenant: str
+
+
+@dataclass(frozen=True, slots=True)
 class Bridged:
     """A bridge leg (``Dial.bridge_to``) answered and its audio and the caller's are connected
     in the conference bridge both ways; the caller's media port no longer sends or hears."""
@@ -194,6 +207,7 @@ SipEvent = (
     | TransferStatus
     | Bridged
     | InboundRefer
+    | CallReferred
     | DialogProbed
     | AckTimedOut
     | DialogEndedLocally
@@ -265,6 +279,12 @@ class Dial:
     consult: bool = False
     """An attended transfer's consult leg: no media port of ours; it only has to be answered,
     then :class:`TransferReplaces` hands it over."""
+    caller_id: str = ""
+    """The INVITE's From (a SIP URI, or a display name and one in <>, checked by
+    config.rules.caller_id); empty: the account's own URI."""
+    tenant: str = ""
+    """Whose call it is (config/tenants.py): the inbound-REFER policy asks with it, as for an
+    inbound call's (telephony.refer)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,5 +1,6 @@
 """REFER on the SIP thread, both ways: the blind transfers we send, and the policy on the ones the
-caller's side sends us (telephony.endpoint delegates here; telephony.transfer builds the values).
+caller's side sends us, whose followed calls are calls of ours (telephony.endpoint delegates
+here; telephony.transfer builds the values).
 
 Runs on the SIP thread only, like everything that touches pjsua2.
 """
@@ -13,7 +14,7 @@ from typing import Any
 import pjsua2 as pj
 
 from telephony import events as ev
-from telephony.calls import ReferredCall, SipAccount, SipCall
+from telephony.calls import SipAccount, SipCall
 from telephony.sip_message import mask_uri
 from telephony.transfer import refer_to, referred_uri
 
@@ -25,12 +26,17 @@ class Refers:
     tenant and the target (None: refuse all)."""
 
     def __init__(
-        self, post: Callable[[ev.SipEvent], None], follow: Callable[[str, str], bool] | None
+        self,
+        post: Callable[[ev.SipEvent], None],
+        follow: Callable[[str, str], bool] | None,
+        calls: dict[str, SipCall],
+        max_calls: int,
     ) -> None:
         self._post = post
         self._follow = follow
-        # Calls pjsua placed to follow an allowed inbound REFER, until DISCONNECTED.
-        self._referred: list[ReferredCall] = []
+        # The endpoint's calls: a followed REFER's new call joins them (its slot, its events).
+        self._calls = calls
+        self._max_calls = max_calls
 
     def send(
         self, call: SipCall | None, call_id: str, target: str, headers: tuple[tuple[str, str], ...]
@@ -70,30 +76,53 @@ class Refers:
         log.info("transfer.refer_replaces_sent", extra={"call_id": call_id})
 
     def on_request(self, call: SipCall, prm: Any, account: SipAccount | None) -> None:
-        """An inbound REFER (RFC 3515): refused with 403 unless policy allows its target; an
-        allowed one is followed by pjsua (202, the INVITE, NOTIFYs of its progress)."""
+        """An inbound REFER (RFC 3515): refused with 403 unless policy allows its target and the
+        call is not a transfer's own leg, with 503 without a free call slot for the new call; an
+        allowed one is followed by pjsua (202, the INVITE, NOTIFYs of its progress) as a new call
+        of ours, reported as :class:`~telephony.events.CallReferred` so that it gets its own
+        session."""
         target = referred_uri(str(prm.dstUri))
-        allowed = call.answered and self._follow is not None and self._follow(call.tenant, target)
+        # A transfer's own leg (a bridge's, a consult) carries the caller's call: its far end may
+        # not move it elsewhere, whatever the policy (the new call would have nobody on it).
+        ours = bool(call.bridge_to) or call.consult
+        allowed = (
+            call.answered
+            and not ours
+            and self._follow is not None
+            and self._follow(call.tenant, target)
+        )
         if not allowed or account is None:
-            prm.statusCode = 403
-            self._post(ev.InboundRefer(call.call_id, 403, mask_uri(target)))
-            log.warning(
-                "transfer.inbound_refused",
-                extra={"call_id": call.call_id, "target": mask_uri(target)},
-            )
+            self._refuse(call, prm, 403, target)
             return
-        referred = ReferredCall(call.owner, account, call.call_id)
-        self._referred.append(referred)
+        if len(self._calls) >= self._max_calls:
+            self._refuse(call, prm, 503, target)
+            return
+        # The referenced new call (RFC 3515 section 2.4.2): an outbound call like a Dial's, in
+        # the endpoint's calls from before pjsua places it (its states come from inside that),
+        # so it holds a slot, gets a media port once answered and reports its end. The REFER's
+        # own header parameters (Referred-By, RFC 3892) go on its INVITE, copied by pjsua.
+        referred = SipCall(call.owner, account, pj.PJSUA_INVALID_ID)
+        referred.accepted = True
+        referred.outbound = True
+        referred.remote_uri = target
+        referred.tenant = call.tenant
+        self._calls[referred.call_id] = referred
         prm.newCall = referred
         self._post(ev.InboundRefer(call.call_id, 202, mask_uri(target)))
+        self._post(ev.CallReferred(referred.call_id, call.call_id, target, call.tenant))
         log.info(
-            "transfer.inbound_followed", extra={"call_id": call.call_id, "target": mask_uri(target)}
+            "transfer.inbound_followed",
+            extra={
+                "call_id": call.call_id,
+                "new_call_id": referred.call_id,
+                "target": mask_uri(target),
+            },
         )
 
-    def on_referred_state(self, call: ReferredCall) -> None:
-        if call.getInfo().state == pj.PJSIP_INV_STATE_DISCONNECTED:
-            # Dropped now, before PJSIP reuses its index (telephony.endpoint.on_call_state).
-            self._referred = [c for c in self._referred if c is not call]
-
-    def clear(self) -> None:
-        self._referred.clear()
+    def _refuse(self, call: SipCall, prm: Any, status: int, target: str) -> None:
+        prm.statusCode = status
+        self._post(ev.InboundRefer(call.call_id, status, mask_uri(target)))
+        log.warning(
+            "transfer.inbound_refused",
+            extra={"call_id": call.call_id, "status": status, "target": mask_uri(target)},
+        )

@@ -23,7 +23,7 @@ from voicegate.observe.logs import setup_logging
 from voicegate.pool.front_door import front_door_for
 from voicegate.pool.kamailio_config import render_config, render_dispatcher_list
 from voicegate.pool.supervisor import Supervisor, SupervisorStartError
-from voicegate.runtime import Runtime, agent_factories
+from voicegate.runtime import Runtime, agent_factories, prompt_problems
 from voicegate.signals import stop_signals
 
 log = logging.getLogger("voicegate")
@@ -78,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
         agent_factories(settings)
     except AgentLoadError as exc:
         print(f"voicegate: config error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    for problem in prompt_problems(settings):
+        print(f"voicegate: config error: {problem}", file=sys.stderr)
         return EXIT_CONFIG
     if args.command == "check-config":
         print(f"voicegate: config OK ({path or 'embedded defaults'})")

@@ -28,7 +28,7 @@ from audio.barge_in import BargeInConfig
 from audio.prompts import PromptLibrary, default_prompts_dir
 from audio.vad import VadConfig
 from config import Settings
-from config.settings import TransferSettings
+from config.settings import OutboundSettings, TransferSettings
 from config.tenant_loader import tenants_of
 from config.tenants import DEFAULT_TENANT
 from config.tools import ToolSettings
@@ -102,6 +102,23 @@ def endpoint_config(settings: Settings) -> EndpointConfig:
         # A pooled worker hears only its front door, which names the caller's source address.
         trusted_source_header=settings.pool.workers > 1 and settings.pool.front_door,
     )
+
+
+def prompt_problems(settings: Settings) -> list[str]:
+    """Prompts the config names that agent.prompts_dir does not hold, one line each naming the
+    key and the fix (transfer.consult_brief, per tenant)."""
+    prompts_dir = Path(settings.agent.prompts_dir or default_prompts_dir())
+    library = PromptLibrary(prompts_dir)
+    problems = []
+    for tenant in tenants_of(settings):
+        brief = tenant.transfer.consult_brief
+        if brief and brief not in library:
+            where = "transfer" if not settings.tenants else f"tenants.{tenant.name}.transfer"
+            problems.append(
+                f"{where}.consult_brief = {brief!r}: no {brief}.wav in {prompts_dir}: add the "
+                "file, name another prompt, or set it empty for no brief"
+            )
+    return problems
 
 
 def agent_factories(
@@ -218,6 +235,12 @@ class Runtime:
 
     def transfer_for(self, tenant: str) -> TransferSettings:
         return self.tenants[tenant].transfer
+
+    def outbound_for(self, tenant: str) -> OutboundSettings:
+        """The ``[outbound]`` settings of ``tenant`` (``[tenants.<name>.outbound]`` over the
+        top-level section); the top level's for a tenant nobody declared."""
+        found = self.tenants.get(tenant)
+        return found.outbound if found is not None else self.settings.outbound
 
     def policy(self, tenant: str) -> dict[str, float]:
         s = self.settings.session
@@ -403,6 +426,8 @@ class Runtime:
                 )
             case ev.CallOffered():
                 self._start_call(event)
+            case ev.CallReferred():
+                self._start_referred(event)
             case ev.DialogEndedLocally():
                 self.metrics.dialogs_ended_locally.inc()
                 log.info("sip.dialog_ended_locally", extra={"why": "nobody answered its BYE"})
@@ -435,7 +460,8 @@ class Runtime:
             return PlaceRefused(
                 403, f"no tenant {tenant!r} to place the call for: use a tenant's API key"
             )
-        if not self.settings.outbound.allows(target):
+        outbound = self.outbound_for(tenant)
+        if not outbound.allows(target):
             return PlaceRefused(403, "target is not in outbound.allowed_targets", "target")
         if self.draining or not self.sip_ready:
             return PlaceRefused(503, "the server is not taking calls (draining or starting)")
@@ -446,12 +472,22 @@ class Runtime:
                 503, f"no free call slot: {held} of {max_calls} call slots are held here"
             )
         offer = dataclasses.replace(new_leg_offer(target), tenant=tenant)
-        leg = OutboundLeg(target, self.settings.outbound.ring_timeout_s, headers)
+        leg = OutboundLeg(target, outbound.ring_timeout_s, headers, outbound.caller_id)
         call = self._start_call(offer, leg)
         await call.session_started.wait()  # set by the call's task however it ends (_run_call)
         if call.session is None:
             return PlaceRefused(503, "the call's session could not be started (see the log)")
         return offer.call_id
+
+    def _start_referred(self, event: ev.CallReferred) -> None:
+        """A followed inbound REFER's new call gets a session and its tenant's agent, like a
+        call of POST /v1/calls whose INVITE pjsua already sent (voicegate/call/legs.py)."""
+        offer = dataclasses.replace(
+            new_leg_offer(event.target), call_id=event.call_id, tenant=event.tenant
+        )
+        outbound = self.outbound_for(event.tenant)
+        leg = OutboundLeg(event.target, outbound.ring_timeout_s, referred_by=event.referred_by)
+        self._start_call(offer, leg)
 
     def free_slots(self) -> int:
         return self.settings.pool.calls_per_worker - len(self.calls) - len(self.legs)
@@ -497,14 +533,23 @@ class Runtime:
         return True
 
     def transfer(
-        self, call_id: str, target: str | None, mode: str | None
+        self, call_id: str, target: str | None, mode: str | None, complete: str | None = None
     ) -> TransferRefused | None:
-        """Start a blind transfer of a live call; None once under way, else why not (404 for a
-        call that is not live here)."""
+        """Start a transfer of a live call; None once under way, else why not (404 for a call
+        that is not live here). ``complete``: an attended transfer's consult_complete for this
+        transfer only."""
         call = self.calls.get(call_id)
         if call is None:
             return TransferRefused(404, "no such live call here", "call_id")
-        return call.transfer.start(target, mode)
+        return call.transfer.start(target, mode, complete)
+
+    def consultation(self, call_id: str, action: str) -> TransferRefused | None:
+        """Complete (``complete``) or call off (``cancel``) a live call's attended transfer
+        while it consults the target; None once done, else why not (404: not live here)."""
+        call = self.calls.get(call_id)
+        if call is None:
+            return TransferRefused(404, "no such live call here", "call_id")
+        return call.transfer.complete() if action == "complete" else call.transfer.cancel()
 
     def live_calls(self) -> list[dict[str, object]]:
         return [call.snapshot() for call in self.calls.values()]

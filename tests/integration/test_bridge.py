@@ -5,6 +5,7 @@ tcpdump to prove that audio flows both ways through voicegate's conference bridg
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,14 @@ def _check_handle(server: Server, tmp_path: Path, session_id: str, transfers: in
     assert server.metric("voicegate_resume_handles_issued_total", reason="transfer") == transfers
 
 
+# transfer.caller_id: the From of our legs to a target, which the desk logs (-trace_logs).
+CALLER_ID = '"Acme Support" <sip:+4930555000@trunk.example.com>'
+
+
+def _desk_saw_from(tmp_path: Path, name: str = "desk") -> list[str]:
+    return re.findall(r"^From: (.*)$", (tmp_path / name / "desk-logs.log").read_text(), re.M)
+
+
 def _answered_call(server: Server) -> str:
     calls = wait_for(
         lambda: [c for c in server.live_calls() if c["state"] == "answered" and c["media"]],
@@ -60,7 +69,7 @@ def _types(session: dict[str, Any]) -> list[str]:
 def test_a_bridged_transfer_carries_audio_both_ways_until_the_caller_hangs_up(
     server_factory: ServerFactory, tmp_path: Path
 ) -> None:
-    server = server_factory(**ENV)
+    server = server_factory(**ENV, VOICEGATE_TRANSFER_CALLER_ID=CALLER_ID)
     capture = Capture(tmp_path / "rtp.pcap", server.rtp_min, server.rtp_max)
     try:
         desk, target = _desk(tmp_path)
@@ -87,6 +96,7 @@ def test_a_bridged_transfer_carries_audio_both_ways_until_the_caller_hangs_up(
     assert server.metric("voicegate_bridged_legs_active") == 0
     assert server.metric("voicegate_transfers_total", mode="bridge", outcome="completed") == 1
     _check_handle(server, tmp_path, session["session_id"])
+    assert _desk_saw_from(tmp_path) == [CALLER_ID]  # transfer.caller_id, as configured
 
     # What voicegate sent, by its own RTP port: the caller's leg started first (the greeting),
     # the desk's leg when the desk answered. The desk's leg carries only what the bridge gives
@@ -220,7 +230,8 @@ def test_an_attended_transfer_consults_the_target_then_refers_with_replaces(
     server_factory: ServerFactory, tmp_path: Path
 ) -> None:
     target_leg, target = _desk(tmp_path, "uas-consult.xml")
-    server = server_factory(**ENV)
+    # No brief: the REFER goes as soon as the consult answered (the briefed form is below).
+    server = server_factory(**ENV, VOICEGATE_TRANSFER_CONSULT_BRIEF="")
     caller = Sipp("uac-transfer-attended.xml", server.sip_target, tmp_path).start()
     call_id = _answered_call(server)
     status, body = server.post_json(
@@ -273,3 +284,93 @@ def test_a_consult_that_fails_takes_the_caller_off_hold_back_to_the_agent(
     assert _said(session).count("transfer_consulting") == 1
     assert "transfer_failed" in _said(session)
     assert server.metric("voicegate_transfers_total", mode="attended", outcome="failed") == 1
+
+
+def test_an_attended_transfer_briefs_the_person_and_hands_over_when_the_api_says_so(
+    server_factory: ServerFactory, tmp_path: Path
+) -> None:
+    """The person on the consult leg hears transfer.consult_brief from transfer.caller_id (the
+    target checks the From with check_it); with "complete": "api" no REFER goes until
+    POST .../transfer/complete, which a call-centre integration sends once its agent accepts."""
+    target_leg, target = _desk(tmp_path, "uas-consult-briefed.xml")
+    server = server_factory(**ENV, VOICEGATE_TRANSFER_CALLER_ID=CALLER_ID)
+    capture = Capture(tmp_path / "rtp.pcap", server.rtp_min, server.rtp_max)
+    try:
+        caller = Sipp("uac-transfer-attended.xml", server.sip_target, tmp_path).start()
+        call_id = _answered_call(server)
+        # "complete": "api" for this transfer (transfer.consult_complete stays after_brief).
+        status, body = server.post_json(
+            f"/v1/calls/{call_id}/transfer",
+            {"target": target, "mode": "attended", "complete": "api"},
+        )
+        assert (status, body["mode"]) == (202, "attended")
+        # Nothing to complete while the consult leg rings (its answer comes after 500 ms).
+        assert server.post(f"/v1/calls/{call_id}/transfer/complete") == 409
+
+        def consult() -> object:
+            status, call = server.http(f"/v1/calls/{call_id}")
+            return call["live"]["consult"] if status == 200 else None
+
+        wait_for(lambda: consult() == "briefing", 10, "the brief")
+        wait_for(lambda: consult() == "waiting", 15, "the brief to end")
+        assert "consult_answered" in _types(server.http(f"/v1/sessions/{call_id}")[1])
+        assert "transfer_finished" not in _types(server.http(f"/v1/sessions/{call_id}")[1])
+        assert server.post(f"/v1/calls/{call_id}/transfer/complete") == 202
+        assert caller.wait() == 0, caller.errors()  # the REFER with Replaces, then our BYE
+        assert target_leg.wait() == 0, target_leg.errors()
+    finally:
+        packets = capture.stop()
+    session = _ended(server, call_id)
+    assert (session["ended"]["terminal_state"], session["ended"]["reason"]) == (
+        "completed",
+        "transferred",
+    )
+    assert server.metric("voicegate_transfers_total", mode="attended", outcome="completed") == 1
+    _check_handle(server, tmp_path, session["session_id"])
+    # What voicegate sent by RTP port: the caller's leg first (the greeting), the consult leg's
+    # when the person answered, and on it the brief: speech, not the silence of an idle port.
+    ours = range(server.rtp_min, server.rtp_max + 1)
+    sent: dict[int, list[RtpPacket]] = defaultdict(list)
+    for packet in packets:
+        if packet.src_port in ours and packet.dst_port not in ours and packet.payload_type == 8:
+            sent[packet.src_port].append(packet)
+    assert len(sent) == 2, {port: len(p) for port, p in sent.items()}
+    _to_caller, to_consult = sorted(sent.values(), key=lambda p: p[0].at)
+    assert len([p for p in to_consult if p.rms > LOUD]) >= 50  # a second of the brief at least
+
+
+def test_an_attended_transfer_the_api_cancels_takes_the_caller_back_and_ends_the_consult(
+    server_factory: ServerFactory, tmp_path: Path
+) -> None:
+    target_leg, target = _desk(tmp_path, "uas-consult.xml")  # exits 0 on our BYE
+    server = server_factory(
+        **ENV, VOICEGATE_TRANSFER_CONSULT_BRIEF="", VOICEGATE_TRANSFER_CONSULT_COMPLETE="api"
+    )
+    # This caller fails on any REFER: none may come once the consultation is called off.
+    caller = Sipp("uac-wait-for-bye.xml", server.sip_target, tmp_path).start()
+    call_id = _answered_call(server)
+    status, body = server.post_json(
+        f"/v1/calls/{call_id}/transfer", {"target": target, "mode": "blind", "complete": "api"}
+    )
+    assert (status, body["field"]) == (400, "complete"), body  # attended only; nothing changed
+    status, body = server.post_json(
+        f"/v1/calls/{call_id}/transfer", {"target": target, "mode": "attended"}
+    )
+    assert status == 202, body
+    wait_for(
+        lambda: server.http(f"/v1/calls/{call_id}")[1]["live"]["consult"] == "waiting",
+        10,
+        "the consultation to wait for the API",
+    )
+    assert server.post(f"/v1/calls/{call_id}/transfer/cancel") == 202
+    assert target_leg.wait() == 0, target_leg.errors()
+    assert server.post(f"/v1/calls/{call_id}/transfer/cancel") == 409  # nothing left to cancel
+    status, call = server.http(f"/v1/calls/{call_id}")
+    assert (call["live"]["state"], call["live"]["consult"]) == ("answered", None)
+    assert server.post(f"/v1/calls/{call_id}/hangup") == 202
+    assert caller.wait() == 0, caller.errors()
+    session = _ended(server, call_id)
+    (finished,) = [e for e in session["events"] if e["type"] == "transfer_finished"]
+    assert (finished["payload"]["ok"], finished["payload"]["status"]) == (False, 487)
+    assert "transfer_failed" in _said(session)
+    assert server.metric("voicegate_transfers_total", mode="attended", outcome="canceled") == 1

@@ -156,3 +156,38 @@ def test_placements_the_worker_cannot_make_are_refused_up_front_and_change_nothi
         "hung up by operator",
     )
     wait_for(lambda: _outcomes(server)["canceled"] == 1, 5, "the canceled outcome counted")
+
+
+def test_an_outbound_leg_carries_its_caller_id_and_its_tenant_to_the_sip_layer(
+    server_factory: ServerFactory, tmp_path: Path
+) -> None:
+    """outbound.caller_id is the INVITE's From (the callee checks it), and a REFER from the
+    callee's side is judged by the tenant the call was placed for: followed (it was refused 403
+    when an outbound leg had no tenant), the new call a session of its own."""
+    desk_port = free_port()
+    desk = Sipp("uas-answer.xml", "", tmp_path / "desk", port=desk_port).start()
+    port = free_port()
+    callee = Sipp(
+        "uas-answer-refer.xml", "", tmp_path, port=port, extra=("-key", "desk_port", str(desk_port))
+    ).start()
+    server = server_factory(
+        **ENV,
+        VOICEGATE_OUTBOUND_CALLER_ID="sip:+4930555000@trunk.example.com",
+        VOICEGATE_TRANSFER_ACCEPT_INBOUND_REFER="true",
+        VOICEGATE_TRANSFER_ALLOWED_TARGETS="sip:desk@127.0.0.1:*",
+    )
+    call_id = _place(server, f"sip:callee@{LOOPBACK}:{port}")
+    assert callee.wait() == 0, callee.errors()  # its From, the 202 and the NOTIFYs checked
+    assert desk.wait() == 0, desk.errors()
+    placed = _ended(server, call_id)
+    assert placed["ended"]["terminal_state"] == "completed"
+    referred = wait_for(
+        lambda: [s for s in server.sessions() if s["meta"].get("referred_by") == call_id],
+        10,
+        "the referenced call's session",
+    )[0]
+    referred = _ended(server, referred["session_id"])
+    assert referred["tenant"] == placed["tenant"] == "default"
+    assert [e["type"] for e in referred["events"]][:2] == ["call_placed", "call_answered"]
+    assert server.metric("voicegate_inbound_refers_total", result="followed") == 1
+    assert server.metric("voicegate_outbound_calls_total", outcome="answered") == 2

@@ -176,6 +176,9 @@ def test_an_operator_hangs_up_a_call_through_the_supervisor(pool: Server, tmp_pa
     (call,) = wait_for(lambda: answered(pool), 10, "an answered call")
     status, body = pool.http(f"/v1/calls/{call['call_id']}")
     assert status == 200 and body["worker"] == call["worker"], body
+    # An attended transfer's go-ahead and cancel go to the call's worker too (none to act on).
+    for action in ("complete", "cancel"):
+        assert pool.post(f"/v1/calls/{call['call_id']}/transfer/{action}") == 409, action
     assert pool.post(f"/v1/calls/{call['call_id']}/hangup") == 202
     assert caller.wait() == 0, caller.errors()  # the BYE came, routed back through Kamailio
     (session,) = pool.sessions()

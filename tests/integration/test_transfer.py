@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tests.integration.harness import Provider, Server, ServerFactory, Sipp, wait_for
+from tests.integration.harness import Provider, Server, ServerFactory, Sipp, free_port, wait_for
 from tests.integration.resume_handles import check_sent_handle
 from tests.secret_audit import AUDIT
 
@@ -290,3 +290,52 @@ def test_a_call_transferred_in_records_the_centres_context_in_a_new_session(
     offered = [e for e in server.log_events() if e.get("event") == "call.offered"]
     assert offered[0]["context_headers"] == ["User-to-User", "X-Caller-Number", "X-Genesys-Queue"]
     assert "not-a-real-handle-7f3a" not in server.log()
+
+
+# --- inbound REFER followed (RFC 3515 section 2.4.2): a referenced new call with a session ----
+
+REFER_ENV = {
+    "VOICEGATE_TRANSFER_ACCEPT_INBOUND_REFER": "true",
+    "VOICEGATE_TRANSFER_ALLOWED_TARGETS": "sip:desk@127.0.0.1:*",
+}
+
+
+def _two_ended_sessions(server: Server) -> list[dict[str, Any]]:
+    """The referring session and the referenced call's, oldest first, once both have ended."""
+    return wait_for(
+        lambda: (lambda all: all if len(all) == 2 and all[1]["ended"] else None)(
+            [s for s in server.sessions() if s["ended"]]
+        ),
+        20,
+        "both sessions to end",
+    )
+
+
+def test_an_allowed_inbound_refer_is_followed_by_a_new_call_with_its_own_session(
+    server_factory: ServerFactory, tmp_path: Path
+) -> None:
+    port = free_port()
+    # The referenced call's callee: answers, talks for 5 s, hangs up.
+    desk = Sipp("uas-answer.xml", "", tmp_path / "desk", port=port).start()
+    server = server_factory(**REFER_ENV)
+    caller = Sipp(
+        "uac-inbound-refer-followed.xml",
+        server.sip_target,
+        tmp_path,
+        extra=("-key", "desk_port", str(port)),
+    )
+    assert caller.run() == 0, caller.errors()  # 202, NOTIFYs up to the new call's 200, its BYE
+    assert desk.wait() == 0, desk.errors()
+    referring, session = _two_ended_sessions(server)
+    assert (referring["ended"]["terminal_state"], referring["ended"]["reason"]) == (
+        "completed",
+        "caller hung up",
+    )
+    assert session["meta"]["referred_by"] == referring["session_id"]
+    assert session["meta"]["direction"] == "outbound"
+    assert session["tenant"] == "default"
+    types = [e["type"] for e in session["events"]]
+    assert types[:2] == ["call_placed", "call_answered"], types
+    assert session["ended"]["terminal_state"] == "completed"
+    assert server.metric("voicegate_inbound_refers_total", result="followed") == 1
+    assert server.metric("voicegate_outbound_calls_total", outcome="answered") == 1

@@ -14,7 +14,7 @@ from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 from prometheus_client import CollectorRegistry, Counter
 
-from config.settings import AgentSettings, TransferSettings
+from config.settings import AgentSettings, OutboundSettings, TransferSettings
 from config.tenants import Tenants, TenantSettings
 from voicegate.control import auth
 from voicegate.control.auth import ACCESS, MISSING_KEY, Access, authenticate, foreign, scope
@@ -28,7 +28,9 @@ def sha(text: str) -> str:
 
 
 def tenant(name: str, keys: tuple[str, ...]) -> TenantSettings:
-    return TenantSettings(name, (), (), keys, AgentSettings(), TransferSettings())
+    return TenantSettings(
+        name, (), (), keys, AgentSettings(), TransferSettings(), OutboundSettings()
+    )
 
 
 def access(keys: tuple[str, ...] = (sha(KEY),), metrics: tuple[str, ...] = ()) -> Access:

@@ -3,10 +3,16 @@ configured target the patterns refuse is caught at load time, not on the first t
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from config import ConfigError, load_settings
 from config.settings import target_allowed
+from voicegate.runtime import prompt_problems
 
 
 def _error(**env: str) -> str:
@@ -78,3 +84,65 @@ def test_a_configured_target_outside_allowed_targets_is_refused_at_load_time() -
 def test_matching_ignores_surrounding_space_only() -> None:
     assert target_allowed(" sip:a@b ", ("sip:*@b",))
     assert not target_allowed("sip:a@b;x=1", ("sip:a@b",))
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["sip:+4930555000@trunk.example.com", '"Acme Support" <sip:+4930555000@trunk.example.com>'],
+)
+def test_a_caller_id_is_a_sip_uri_or_a_quoted_name_and_one(value: str) -> None:
+    settings = load_settings(
+        environ={"VOICEGATE_TRANSFER_CALLER_ID": value, "VOICEGATE_OUTBOUND_CALLER_ID": value}
+    )
+    assert settings.transfer.caller_id == value
+    assert settings.outbound.caller_id == value
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "+4930555000",  # a number alone: the From needs a URI
+        "<sip:a@b>",  # brackets without a display name
+        '"Acme" sip:a@b',  # a display name needs the URI in <>
+        '"Ac"me" <sip:a@b>',  # a quote inside the name
+        '"Acme" <sip:a@b>;tag=1',  # the tag is pjsua's, per dialog
+        "sip:a@b\r\nX-Injected: 1",
+        '"  " <sip:a@b>',
+    ],
+)
+def test_a_caller_id_that_could_break_the_from_header_is_refused(value: str) -> None:
+    for name in ("TRANSFER", "OUTBOUND"):
+        message = _error(**{f"VOICEGATE_{name}_CALLER_ID": value})
+        assert f"{name.lower()}.caller_id" in message
+        assert "a SIP URI" in message
+
+
+def test_a_consult_brief_names_a_prompt_file_that_exists() -> None:
+    assert prompt_problems(load_settings(environ={})) == []  # consult_brief.wav is shipped
+    assert prompt_problems(load_settings(environ={"VOICEGATE_TRANSFER_CONSULT_BRIEF": ""})) == []
+    (problem,) = prompt_problems(
+        load_settings(environ={"VOICEGATE_TRANSFER_CONSULT_BRIEF": "no_such_prompt"})
+    )
+    assert problem.startswith("transfer.consult_brief = 'no_such_prompt': no no_such_prompt.wav")
+    assert "set it empty for no brief" in problem
+    message = _error(VOICEGATE_TRANSFER_CONSULT_BRIEF="../etc/passwd")
+    assert "transfer.consult_brief" in message
+    message = _error(VOICEGATE_TRANSFER_CONSULT_COMPLETE="whenever")
+    assert "transfer.consult_complete" in message and "after_brief" in message
+
+
+def test_check_config_stops_on_a_consult_brief_without_its_prompt_file() -> None:
+    root = Path(__file__).resolve().parents[2]
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("VOICEGATE_")}
+    env = {"VOICEGATE_TRANSFER_CONSULT_BRIEF": "no_such_prompt", "PYTHONPATH": str(root)}
+    done = subprocess.run(
+        [sys.executable, "-m", "voicegate", "check-config"],
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "transfer.consult_brief = 'no_such_prompt'" in done.stderr
+    assert done.stderr.count("\n") == 1  # one line an operator can read

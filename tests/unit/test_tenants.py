@@ -34,6 +34,10 @@ kind = "python"
 factory = "tests.fixtures.agents:FailingAgent"
 [tenants.acme.transfer]
 default_target = "sip:queue@centre.example"
+caller_id = '"Acme" <sip:+4930100@trunk.acme.example>'
+[tenants.acme.outbound]
+allowed_targets = ["sip:*@customers.acme.example"]
+caller_id = "sip:+4930100@trunk.acme.example"
 
 [tenants.beta]
 trunks = ["203.0.113.0/24"]
@@ -75,6 +79,13 @@ def test_tenants_inherit_the_top_level_agent_and_transfer_key_by_key(tmp_path: P
     assert acme.transfer.notify_timeout_s == 30  # inherited from [transfer]
     assert acme.transfer.allowed_targets == ("sip:*@centre.example",)
     assert beta.agent.kind == "demo" and beta.transfer.default_target == ""
+    # A tenant's caller id and outbound calls are its own; the top level's otherwise.
+    assert acme.transfer.caller_id == '"Acme" <sip:+4930100@trunk.acme.example>'
+    assert beta.transfer.caller_id == ""
+    assert acme.outbound.allows("sip:bob@customers.acme.example")
+    assert acme.outbound.caller_id == "sip:+4930100@trunk.acme.example"
+    assert beta.outbound.allowed_targets == () and beta.outbound.caller_id == ""
+    assert acme.outbound.ring_timeout_s == beta.outbound.ring_timeout_s == 30  # inherited
 
 
 def test_a_call_goes_to_the_tenant_that_claims_it_most_specifically(tmp_path: Path) -> None:
@@ -122,7 +133,12 @@ def load_tenants_with_key(key: str) -> Tenants:
         (
             '[tenants.acme]\nnumber = ["1"]',
             "tenants.acme.number: unknown key; known: numbers, trunks, api_keys, [acme.agent], "
-            "[acme.transfer]",
+            "[acme.transfer], [acme.outbound]",
+        ),
+        (
+            '[tenants.acme.outbound]\ncaller_id = "+4930100"',
+            "tenants.acme.outbound.caller_id = '+4930100': expected empty, or a SIP URI such as "
+            'sip:+4930123@trunk.example, or "Name" <sip:...>',
         ),
         (
             '[tenants.acme]\napi_keys = ["my-secret-key"]',

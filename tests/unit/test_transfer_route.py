@@ -73,6 +73,24 @@ async def test_an_unknown_mode_is_refused(client: TestClient[Any, Any]) -> None:
     assert body["field"] == "mode" and body["allowed"] == ["blind", "bridge", "attended"]
 
 
+async def test_an_unknown_completion_is_refused(client: TestClient[Any, Any]) -> None:
+    response = await client.post(
+        PATH, json={"target": "sip:a@cc.example.com", "mode": "attended", "complete": "later"}
+    )
+    assert response.status == 400
+    body = await response.json()
+    assert body["field"] == "complete" and body["allowed"] == ["after_brief", "api"]
+
+
+async def test_the_consultation_routes_of_an_unknown_call_are_404(
+    client: TestClient[Any, Any],
+) -> None:
+    for action in ("complete", "cancel"):
+        response = await client.post(f"{PATH}/{action}")
+        assert response.status == 404, action
+        assert (await response.json())["call_id"] == "abc"
+
+
 async def test_a_good_body_for_an_unknown_call_is_404(client: TestClient[Any, Any]) -> None:
     response = await client.post(PATH, json={"target": "sip:a@cc.example.com", "mode": "blind"})
     assert response.status == 404

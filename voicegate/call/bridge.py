@@ -1,6 +1,7 @@
 """The leg voicegate places to a transfer's target: a bridged transfer's (and the bridge's
-life), or an attended transfer's consult leg (answered: ``consult_answered``, then the REFER
-with Replaces in the caller's dialog, telephony/refer.py; it ending before that REFER fails the
+life), or an attended transfer's consult leg (answered: ``consult_answered``, then the
+consultation, voicegate/call/consult.py: the brief and the go-ahead, then the REFER with
+Replaces in the caller's dialog, telephony/refer.py; it ending before that REFER fails the
 transfer, after it is the target's normal end of the consult dialog, RFC 5589 section 7.1).
 
 Asked for as ``mode = "bridge"`` (the control API, an agent's ``transfer(target, mode=...)``,
@@ -26,6 +27,7 @@ when no slot is free for its leg, instead of failing half-way.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
 from collections.abc import Callable
@@ -39,6 +41,7 @@ from telephony.sip_message import mask_uri
 from telephony.transfer import context_headers
 from voicegate.call.acting import SessionSteps
 from voicegate.call.call_state import CallState
+from voicegate.call.consult import Consultation
 from voicegate.call.resume import CallResume
 from voicegate.call.services import CallServices
 
@@ -61,6 +64,8 @@ class CallBridge:
         self._counted = False  # the transfer's outcome went into the metric
         self.consult = False  # the leg is an attended transfer's consult leg, not a bridge's
         self._refer_sent = False  # (attended) the REFER with Replaces went out
+        # (attended) the brief and the go-ahead before the REFER (voicegate/call/consult.py).
+        self.consultation: Consultation | None = None
         # How the agent hears how the leg went (CallTransfer forwards it to its own ``tell``):
         # completed once bridged, failed (refused: no slot) when the target is not reached. An
         # attended transfer's completion is its REFER's final NOTIFY, told by CallTransfer.
@@ -73,14 +78,29 @@ class CallBridge:
     def owns(self, call_id: str) -> bool:
         return self.leg_id is not None and call_id == self.leg_id
 
-    def place(self, target: str, *, consult: bool = False) -> None:
+    def place(self, target: str, *, consult: bool = False, complete: str | None = None) -> None:
         """Dial the target (the session's step asking for it is durable): a bridge's leg, or an
-        attended transfer's consult leg. Either carries the context headers on its INVITE, with a
-        new resume handle once that is durable."""
+        attended transfer's consult leg (``complete``: its consult_complete, if the request
+        named one). Either carries the context headers on its INVITE, with a new resume handle
+        once that is durable."""
         call_id = self._state.call_id
         leg_id = self.leg_id = uuid.uuid4().hex
         self.up = self._counted = self._refer_sent = False
         self.consult = consult
+        settings = self._services.transfer_for(self._state.tenant)
+        if complete is not None:
+            settings = dataclasses.replace(settings, consult_complete=complete)
+        self.consultation = (
+            Consultation(
+                call_id,
+                settings,
+                self._services.prompt,
+                self._send_replaces,
+                lambda detail: self.tell(TransferUpdate("trying", 200, detail)),
+            )
+            if consult
+            else None
+        )
         self._services.adopt_leg(leg_id, call_id)
         log.info(
             "transfer.consult_dialing" if consult else "transfer.bridge_dialing",
@@ -98,10 +118,26 @@ class CallBridge:
                     self.leg_id = None
                 return  # the transfer ended while the handle was stored: nobody to dial for
             headers = context_headers(call_id, handle.text if handle else None)
+            # The tenant's transfer.caller_id: what the centre's screen shows for the leg.
+            tenant = self._state.tenant
+            caller_id = self._services.transfer_for(tenant).caller_id
             if consult:
-                self._services.submit(ev.Dial(leg_id, target, headers, consult=True))
+                self._services.submit(
+                    ev.Dial(
+                        leg_id, target, headers, consult=True, caller_id=caller_id, tenant=tenant
+                    )
+                )
             else:
-                self._services.submit(ev.Dial(leg_id, target, headers, bridge_to=call_id))
+                self._services.submit(
+                    ev.Dial(
+                        leg_id,
+                        target,
+                        headers,
+                        bridge_to=call_id,
+                        caller_id=caller_id,
+                        tenant=tenant,
+                    )
+                )
 
         self._resume.issue("transfer", dial)
 
@@ -111,12 +147,14 @@ class CallBridge:
         if state is None:
             return
         match event:
-            case ev.CallAnswered() if self.consult:
+            case ev.MediaReady(channel=channel) if self.consultation is not None:
+                self.consultation.media(channel)
+            case ev.CallAnswered() if self.consultation is not None:
                 recovery = state.recovery
                 if state.signaling is not Signaling.TRANSFERRING or recovery is None:
                     return
                 if self._steps.try_apply(sev.ConsultAnswered(recovery.generation)):
-                    self._steps.after_durable(self._send_replaces)
+                    self._steps.after_durable(self.consultation.answered)
             case ev.Bridged():
                 recovery = state.recovery
                 if state.signaling is not Signaling.TRANSFERRING or recovery is None:
@@ -153,10 +191,49 @@ class CallBridge:
                 pass
 
     def _send_replaces(self) -> None:
-        if self.leg_id is None:
-            return  # the consult leg ended in between: its end failed the transfer
+        state = self._state.session_state
+        if self.leg_id is None or state is None or state.signaling is not Signaling.TRANSFERRING:
+            return  # the consult leg ended in between (its end failed the transfer), or the guard
         self._refer_sent = True
         self._services.submit(ev.TransferReplaces(self._state.call_id, self.leg_id))
+
+    def tick(self) -> None:
+        if self.consultation is not None and self.leg_id is not None:
+            self.consultation.tick()
+
+    def complete(self) -> str | None:
+        """``POST .../transfer/complete``: hand the caller over now (None), else why not."""
+        state = self._state.session_state
+        if (
+            self.consultation is None
+            or self.leg_id is None
+            or state is None
+            or state.signaling is not Signaling.TRANSFERRING
+        ):
+            return "no attended transfer is consulting"
+        return self.consultation.complete()
+
+    def cancel(self) -> str | None:
+        """``POST .../transfer/cancel``: the consultation is called off before the hand-over;
+        the consult leg is hung up and the caller goes back to the agent (None), else why not."""
+        state = self._state.session_state
+        consultation = self.consultation
+        if consultation is None or self.leg_id is None or state is None:
+            return "no attended transfer is consulting"
+        if self._refer_sent:
+            return "the caller is already being handed over"
+        recovery = state.recovery
+        if state.signaling is not Signaling.TRANSFERRING or recovery is None:
+            return "no attended transfer is consulting"
+        if not self._steps.try_apply(
+            sev.TransferFinished(recovery.generation, ok=False, status=487)
+        ):
+            return "the session refused the cancel now"
+        log.info("transfer.consult_canceled", extra={"call_id": self._state.call_id})
+        self._count("canceled")
+        self.tell(TransferUpdate("failed", 487, "canceled before the hand-over"))
+        self._services.submit(ev.Hangup(self.leg_id))
+        return None
 
     def give_up(self) -> None:
         """The transfer is over without the bridge (its guard fired, the consult or its REFER

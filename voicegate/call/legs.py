@@ -26,12 +26,18 @@ from telephony.sip_message import mask_number, request_user
 
 @dataclass(frozen=True, slots=True)
 class OutboundLeg:
-    """What to place: ``target`` (a bare SIP URI, allowed by ``outbound.allowed_targets``) and
-    the headers its INVITE carries."""
+    """What to place: ``target`` (a bare SIP URI, allowed by the tenant's
+    ``outbound.allowed_targets``), the headers its INVITE carries and its From (the tenant's
+    ``outbound.caller_id``; empty: voicegate's own URI)."""
 
     target: str
     ring_timeout_s: float
     headers: tuple[tuple[str, str], ...] = ()
+    caller_id: str = ""
+    referred_by: str = ""
+    """A followed inbound REFER's new call: the session id of the call whose REFER it follows.
+    pjsua sends its INVITE itself, from inside the REFER's callback (telephony.refer), so no
+    Dial follows the session's start, and the INVITE may leave before that is durable."""
 
 
 @dataclass(frozen=True, slots=True)

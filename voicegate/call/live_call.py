@@ -189,6 +189,9 @@ class LiveCall:
             "started_at": self.started_at,
             "answered_at": self.answered_at,
             "duration_s": round(now - self.started_at, 3),
+            # An attended transfer's consultation: ringing, briefing, waiting (for the API's
+            # complete) or handing_over; None without one (voicegate/call/consult.py).
+            "consult": self.transfer.consult_stage(),
         }
 
     # --- fed by the runtime ---------------------------------------------------------------------
@@ -274,6 +277,8 @@ class LiveCall:
         )
         if self.outbound is not None:
             meta["direction"] = "outbound"
+            if self.outbound.referred_by:
+                meta["referred_by"] = self.outbound.referred_by  # RFC 3515: a referenced call
             offered = sev.CallPlaced(caller, self.outbound.ring_timeout_s, services.policy(tenant))
         call_id, owner, at = self.call_id, services.owner, self.started_at
         lease = await asyncio.wrap_future(
@@ -298,8 +303,18 @@ class LiveCall:
         self.session_started.set()
         if self.outbound is not None:
             leg = self.outbound
-            if self._hangup.plan is None and self.phase is CallPhase.RINGING:
-                services.submit(ev.Dial(self.call_id, leg.target, leg.headers))
+            # A followed REFER's call is on its way already (pjsua's INVITE, telephony.refer).
+            placing = self._hangup.plan is None and self.phase is CallPhase.RINGING
+            if placing and not leg.referred_by:
+                services.submit(
+                    ev.Dial(
+                        self.call_id,
+                        leg.target,
+                        leg.headers,
+                        caller_id=leg.caller_id,
+                        tenant=self.offer.tenant,
+                    )
+                )
         elif services.answer_after_s > 0:
             asyncio.get_running_loop().call_later(services.answer_after_s, self._answer)
         else:
@@ -468,6 +483,7 @@ class LiveCall:
             metrics.stale_frames_played.inc(playout.stale_played_frames - self._stale_played_seen)
             self._stale_played_seen = playout.stale_played_frames
         await self._playback_events(playout)
+        self.transfer.bridge.tick()  # an attended transfer's brief on the consult leg
         self._hold.on_tick()
         self._hangup.on_tick()
 

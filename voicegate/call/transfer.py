@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from agents.base import TransferUpdate
-from config.settings import TRANSFER_MODES, TransferSettings
+from config.settings import CONSULT_COMPLETIONS, TRANSFER_MODES, TransferSettings
 from session import events as sev
 from session.resume import Handle
 from session.state import Signaling
@@ -128,10 +128,22 @@ class CallTransfer:
             )
         return target, None
 
-    def start(self, target: str | None = None, mode: str | None = None) -> TransferRefused | None:
-        """Start a blind transfer; None once it is under way (the REFER follows the durable
-        TransferStarted), else why not."""
+    def start(
+        self, target: str | None = None, mode: str | None = None, complete: str | None = None
+    ) -> TransferRefused | None:
+        """Start a transfer; None once it is under way (the REFER, or the leg to the target,
+        follows the durable TransferStarted), else why not. ``complete`` overrides
+        transfer.consult_complete for this (attended) transfer."""
         target, refused = self.check(target, mode)
+        if refused is None and complete is not None:
+            if complete not in CONSULT_COMPLETIONS:
+                refused = TransferRefused(
+                    400, f"complete must be one of {', '.join(CONSULT_COMPLETIONS)}", "complete"
+                )
+            elif (mode or self.settings.default_mode) != ATTENDED:
+                refused = TransferRefused(
+                    400, "complete applies to an attended transfer only", "complete"
+                )
         if refused is not None:
             log.info(
                 "transfer.refused",
@@ -154,7 +166,9 @@ class CallTransfer:
         if mode in (BRIDGE, ATTENDED):
             # Both start with a leg of ours to the target: the bridge's, or the consult leg.
             consult = mode == ATTENDED
-            self._steps.after_durable(lambda: self.bridge.place(target, consult=consult))
+            self._steps.after_durable(
+                lambda: self.bridge.place(target, consult=consult, complete=complete)
+            )
         else:
             self._steps.after_durable(lambda: self._send_refer(target))
         self.tell(TransferUpdate("started"))
@@ -172,6 +186,24 @@ class CallTransfer:
             send(None)
         else:
             self._resume.issue("transfer", send)
+
+    def consult_stage(self) -> str | None:
+        consultation = self.bridge.consultation
+        if consultation is None or self.bridge.leg_id is None:
+            return None
+        return consultation.stage.value
+
+    def complete(self) -> TransferRefused | None:
+        """``POST /v1/calls/{id}/transfer/complete``: hand the caller over to the person on the
+        consult leg now (transfer.consult_complete = api, or to cut the brief short)."""
+        why = self.bridge.complete()
+        return TransferRefused(409, why, "call_id") if why is not None else None
+
+    def cancel(self) -> TransferRefused | None:
+        """``POST /v1/calls/{id}/transfer/cancel``: call the consultation off; the caller goes
+        back to the agent."""
+        why = self.bridge.cancel()
+        return TransferRefused(409, why, "call_id") if why is not None else None
 
     # --- progress --------------------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from config.rules import Invalid, sip_uri
-from config.settings import TRANSFER_MODES
+from config.settings import CONSULT_COMPLETIONS, TRANSFER_MODES
 from config.tenants import DEFAULT_TENANT
 from session.durable import DurableSession
 from session.resume import ResumeRecord, issue
@@ -143,11 +143,13 @@ async def place_call(request: web.Request) -> web.Response:
     if isinstance(body, web.Response):
         return body
     # The call is the key's tenant's: its agent answers and only its keys see the session.
-    placed = await runtime.place_call(body["target"], tenant=scope(request) or DEFAULT_TENANT)
+    tenant = scope(request) or DEFAULT_TENANT
+    placed = await runtime.place_call(body["target"], tenant=tenant)
+    outbound = runtime.outbound_for(tenant)
     if isinstance(placed, PlaceRefused):
         extra: dict[str, object] = {}
         if placed.status == 403:
-            extra["allowed_targets"] = list(runtime.settings.outbound.allowed_targets)
+            extra["allowed_targets"] = list(outbound.allowed_targets)
         if placed.status == 503:
             extra["live_calls"] = len(runtime.calls)
             extra["max_calls"] = runtime.settings.pool.calls_per_worker
@@ -160,7 +162,7 @@ async def place_call(request: web.Request) -> web.Response:
             "call_id": placed,
             "placing": True,
             "target": body["target"],
-            "ring_timeout_s": runtime.settings.outbound.ring_timeout_s,
+            "ring_timeout_s": outbound.ring_timeout_s,
             "session": f"/v1/sessions/{placed}",
         },
         status=202,
@@ -168,11 +170,22 @@ async def place_call(request: web.Request) -> web.Response:
 
 
 async def read_transfer(request: web.Request) -> dict[str, str] | web.Response:
-    """The body of ``POST /v1/calls/{id}/transfer``: ``target`` (a bare SIP URI) and an
-    optional ``mode``, or the 400 naming the field (shared with the pool's app)."""
-    body = await json_object(request, required=frozenset({"target"}), optional=frozenset({"mode"}))
+    """The body of ``POST /v1/calls/{id}/transfer``: ``target`` (a bare SIP URI), an optional
+    ``mode`` and, for an attended transfer, an optional ``complete`` (when the caller is handed
+    over, voicegate/call/consult.py), or the 400 naming the field (shared with the pool's app)."""
+    body = await json_object(
+        request, required=frozenset({"target"}), optional=frozenset({"mode", "complete"})
+    )
     if isinstance(body, web.Response):
         return body
+    complete = body.get("complete")
+    if complete is not None and complete not in CONSULT_COMPLETIONS:
+        return json_error(
+            400,
+            f"complete must be one of {', '.join(CONSULT_COMPLETIONS)}",
+            field="complete",
+            allowed=list(CONSULT_COMPLETIONS),
+        )
     try:
         _TARGET.check(body["target"])
     except Invalid as exc:
@@ -199,7 +212,7 @@ async def transfer_call(request: web.Request) -> web.Response:
     body = await read_transfer(request)
     if isinstance(body, web.Response):
         return body
-    refused = runtime.transfer(call_id, body["target"], body.get("mode"))
+    refused = runtime.transfer(call_id, body["target"], body.get("mode"), body.get("complete"))
     if refused is not None:
         # Only a live call can be refused for its target: its tenant's patterns are the answer.
         allowed = (
@@ -222,6 +235,32 @@ async def transfer_call(request: web.Request) -> web.Response:
             "session": f"/v1/sessions/{call_id}",
         },
         status=202,
+    )
+
+
+async def complete_transfer(request: web.Request) -> web.Response:
+    return await _consultation(request, "complete")
+
+
+async def cancel_transfer(request: web.Request) -> web.Response:
+    return await _consultation(request, "cancel")
+
+
+async def _consultation(request: web.Request, action: str) -> web.Response:
+    """An attended transfer's go-ahead (``.../transfer/complete``: the REFER with Replaces goes
+    now) or its cancel (``.../transfer/cancel``: the consult leg is hung up, the caller goes
+    back to the agent). 202 once done; 404 not live here, 409 no consultation to act on."""
+    runtime = request.app[RUNTIME]
+    call_id = request.match_info["call_id"]
+    live = runtime.calls.get(call_id)
+    if live is not None and (refusal := foreign(request, live.tenant, call_id=call_id)):
+        return refusal
+    refused = runtime.consultation(call_id, action)
+    if refused is not None:
+        return json_error(refused.status, refused.message, field=refused.field, call_id=call_id)
+    key = "completing" if action == "complete" else "canceled"
+    return web.json_response(
+        {"call_id": call_id, key: True, "session": f"/v1/sessions/{call_id}"}, status=202
     )
 
 
@@ -446,6 +485,8 @@ def make_app(runtime: Runtime) -> web.Application:
     app.router.add_get("/v1/calls/{call_id}", get_call, allow_head=False)
     app.router.add_post("/v1/calls/{call_id}/hangup", hangup_call)
     app.router.add_post("/v1/calls/{call_id}/transfer", transfer_call)
+    app.router.add_post("/v1/calls/{call_id}/transfer/complete", complete_transfer)
+    app.router.add_post("/v1/calls/{call_id}/transfer/cancel", cancel_transfer)
     add_sessions_routes(app, runtime)
     return app
 

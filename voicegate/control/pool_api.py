@@ -173,6 +173,16 @@ async def transfer_call(request: web.Request) -> web.Response:
     return await _forward(request, "transfer", body)
 
 
+async def complete_transfer(request: web.Request) -> web.Response:
+    """An attended transfer's go-ahead, sent on to the call's worker (no body)."""
+    return await _forward(request, "transfer/complete")
+
+
+async def cancel_transfer(request: web.Request) -> web.Response:
+    """An attended transfer called off, sent on to the call's worker (no body)."""
+    return await _forward(request, "transfer/cancel")
+
+
 async def place_call(request: web.Request) -> web.Response:
     """An outbound call goes to the first ready worker with a free call slot: each is asked in
     turn, and a worker's 503 (no free slot) sends the request on to the next. The body is checked
@@ -242,5 +252,7 @@ def make_pool_app(supervisor: Supervisor) -> web.Application:
     app.router.add_get("/v1/calls/{call_id}", get_call, allow_head=False)
     app.router.add_post("/v1/calls/{call_id}/hangup", hangup_call)
     app.router.add_post("/v1/calls/{call_id}/transfer", transfer_call)
+    app.router.add_post("/v1/calls/{call_id}/transfer/complete", complete_transfer)
+    app.router.add_post("/v1/calls/{call_id}/transfer/cancel", cancel_transfer)
     add_sessions_routes(app, supervisor)
     return app

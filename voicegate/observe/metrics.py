@@ -29,7 +29,14 @@ RESUME_ISSUE_REASONS = ("start", "transfer", "api")
 # Transfers (voicegate/call/transfer.py, bridge.py): how each one ended, per mode, and
 # the class of each NOTIFY sipfrag status (or REFER refusal) it got; closed vocabularies.
 TRANSFER_MODES = ("blind", "bridge", "attended")
-TRANSFER_OUTCOMES = ("completed", "refused", "failed", "timed_out", "caller_left")
+TRANSFER_OUTCOMES = (
+    "completed",
+    "refused",
+    "failed",
+    "timed_out",
+    "caller_left",
+    "canceled",
+)
 NOTIFY_CLASSES = ("1xx", "2xx", "3xx", "4xx", "5xx", "6xx")
 
 
@@ -288,7 +295,8 @@ class Metrics:
             "voicegate_transfers_total",
             "Transfers by mode and outcome (completed, refused: the REFER was, failed: the final "
             "NOTIFY was not 2xx, timed_out: no final NOTIFY in transfer.notify_timeout_s, "
-            "caller_left: the caller's BYE came first)",
+            "caller_left: the caller's BYE came first, canceled: an attended transfer called off "
+            "by the API before the hand-over)",
             ["mode", "outcome"],
             registry=r,
         )
