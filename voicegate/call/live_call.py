@@ -38,6 +38,7 @@ from voicegate.call.hangup import HangingUp, HangupPlan
 from voicegate.call.hold import HoldAudio
 from voicegate.call.legs import OutboundLeg, unanswered_outcome
 from voicegate.call.notices import AgentNotice, AgentNotices
+from voicegate.call.rejoin import Verdict
 from voicegate.call.responses import Responses
 from voicegate.call.resume import CallResume
 from voicegate.call.services import CallServices
@@ -68,10 +69,14 @@ class LiveCall:
         agent_factory: AgentFactory,
         clock: SessionClock,
         outbound: OutboundLeg | None = None,
+        rejoin: Verdict | None = None,
     ) -> None:
         self.offer = offer
         self.call_id = offer.call_id
         self.outbound = outbound
+        # A caller back with the session's handle (voicegate/call/rejoin.py): the session was
+        # taken over already, and ``offer.call_id`` is its id.
+        self.rejoin = rejoin
         self._services = services
         self._agent_factory = agent_factory
         self._clock = clock
@@ -227,6 +232,11 @@ class LiveCall:
         if lost is not None:
             self._steps.lose_lease(lost)
 
+    def resume_reused(self) -> None:
+        """A used handle of this session came back: possibly stolen, so writes freeze until
+        reconciled (session/away.py)."""
+        self._steps.try_apply(sev.ResumeReused())
+
     def stop_playback(self) -> None:
         """Cut the response being played (the runtime's shutdown notice goes next)."""
         self._responses.interrupt(reason="ending")
@@ -256,6 +266,68 @@ class LiveCall:
     # --- the task -------------------------------------------------------------------------------
 
     async def run(self) -> None:
+        if self.rejoin is not None:
+            self._start_rejoined(self.rejoin)
+        else:
+            await self._start_session()
+        services = self._services
+        # The session is durable before the caller hears anything from us.
+        await self._steps.settled()
+        self.session_started.set()
+        if self.outbound is not None:
+            leg = self.outbound
+            if self._hangup.plan is None and self.phase is CallPhase.RINGING:
+                services.submit(ev.Dial(self.call_id, leg.target, leg.headers))
+        elif services.answer_after_s > 0:
+            asyncio.get_running_loop().call_later(services.answer_after_s, self._answer)
+        else:
+            self._answer()
+        try:
+            while self.phase is not CallPhase.ENDED:
+                item = await self.events.get()
+                try:
+                    await self._handle(item)
+                except AgentCrashed as crash:
+                    self._agent_failed(crash)
+                except StoreError:
+                    # A lost lease or a failed write was handled where it was found (_halt):
+                    # the call is hanging up, and this loop waits for the dialog's end.
+                    if self._steps.halted is None:
+                        raise
+            await self._steps.settled()
+        finally:
+            self._timers.cancel_all()
+            self.tools.cancel()
+            if self.phase is not CallPhase.ENDED:
+                # Cancelled (shutdown past its deadline): the outcome is still recorded.
+                self._finish_without_dialog("server stopped before the call ended")
+            self.session_started.set()
+            self.done.set()
+
+    def _start_rejoined(self, rejoin: Verdict) -> None:
+        """The session taken over for this call: record the rejoin (its next signaling
+        generation); the session reconciles before anything new runs (session/away.py)."""
+        session = rejoin.session
+        assert session is not None and session.lease is not None
+        self._state.session = session
+        generation = session.state.signaling_generation + 1
+        via = self.offer.resume.via if self.offer.resume else ""
+        self._steps.apply(sev.CallRejoined(generation, mask_uri(self.offer.remote_uri), via))
+        self.resume.current = rejoin.successor
+        self._services.metrics.calls_offered.inc()
+        self._services.metrics.calls_active.inc()
+        log.info(
+            "call.rejoined",
+            extra={
+                "call_id": self.call_id,
+                "generation": generation,
+                "via": via,
+                "epoch": session.lease.epoch,
+                "caller": mask_uri(self.offer.remote_uri),
+            },
+        )
+
+    async def _start_session(self) -> None:
         services = self._services
         caller = mask_uri(self.offer.remote_uri)
         meta: dict[str, object] = {
@@ -293,38 +365,6 @@ class LiveCall:
             said["context_headers"] = sorted(context)
         log.info("call.offered", extra={"call_id": self.call_id, **said})
         self.resume.issue("start", lambda _handle: None)
-        # The session is durable before the caller hears anything from us.
-        await self._steps.settled()
-        self.session_started.set()
-        if self.outbound is not None:
-            leg = self.outbound
-            if self._hangup.plan is None and self.phase is CallPhase.RINGING:
-                services.submit(ev.Dial(self.call_id, leg.target, leg.headers))
-        elif services.answer_after_s > 0:
-            asyncio.get_running_loop().call_later(services.answer_after_s, self._answer)
-        else:
-            self._answer()
-        try:
-            while self.phase is not CallPhase.ENDED:
-                item = await self.events.get()
-                try:
-                    await self._handle(item)
-                except AgentCrashed as crash:
-                    self._agent_failed(crash)
-                except StoreError:
-                    # A lost lease or a failed write was handled where it was found (_halt):
-                    # the call is hanging up, and this loop waits for the dialog's end.
-                    if self._steps.halted is None:
-                        raise
-            await self._steps.settled()
-        finally:
-            self._timers.cancel_all()
-            self.tools.cancel()
-            if self.phase is not CallPhase.ENDED:
-                # Cancelled (shutdown past its deadline): the outcome is still recorded.
-                self._finish_without_dialog("server stopped before the call ended")
-            self.session_started.set()
-            self.done.set()
 
     def _agent_failed(self, crash: AgentCrashed) -> None:
         """The agent raised: the session ends failed at stage agent and the caller is told; the
@@ -451,7 +491,11 @@ class LiveCall:
         )
         agent = self._state.agent = make_agent(self._agent_factory, context, self.control)
         self._turns.agent_takes_audio = takes_audio(agent.inner)
-        await agent.on_start()
+        if self.rejoin is not None:
+            # Reclaim, don't resend (seed 004): what exists is read back, nothing is re-run.
+            await agent.on_rejoined(self.rejoin.heard_last, self.rejoin.results)
+        else:
+            await agent.on_start()
 
     async def _on_tick(self) -> None:
         channel = self.channel
