@@ -72,8 +72,12 @@ class DemoAgent(Agent):
         self._digits = []
         self._amount = ""
         payments = [r for r in results if r.tool == PAYMENT_TOOL]
-        if payments:
-            outcome = payments[-1].outcome
+        outcome = payments[-1].outcome if payments else None
+        log.info(
+            "demo.rejoined",
+            extra={"call_id": self.context.call_id, "heard_last": heard_last, "outcome": outcome},
+        )
+        if outcome is not None:
             self._say(_OUTCOME_PROMPTS.get(outcome, "payment_unavailable"), "menu")
         else:
             self._say("sorry_lost_you", "menu")
