@@ -184,6 +184,15 @@ def test_expired_forged_malformed_and_cross_tenant_handles_are_refused_changing_
     assert _refused(server, tmp_path / "other", handle, "-s", "200") == (
         "Resume Handle Of Another Tenant"
     )
+    # The same, handed back inside hex User-to-User instead of X-Voicegate-Resume (the hex is
+    # the handle too: the audit looks for it in everything the server wrote).
+    AUDIT.register(handle.encode().hex(), "a resume handle in hex", "tests/integration")
+    uui = _present(
+        server, tmp_path / "uui", "uac-rejoin-uui-refused.xml", handle.encode().hex(), "-s", "200"
+    )
+    assert re.findall(r"refused: ([A-Za-z ]+)", uui.read_text()) == [
+        "Resume Handle Of Another Tenant"
+    ]
     assert _refused(server, tmp_path / "forged", forged) == "Resume Handle Invalid"
     assert _refused(server, tmp_path / "malformed", "vgr1.not-a-handle") == "Resume Handle Invalid"
     # A handle past its lifetime (issued long ago for the same session; it supersedes the one
@@ -197,7 +206,7 @@ def test_expired_forged_malformed_and_cross_tenant_handles_are_refused_changing_
         store.close()
     assert _refused(server, tmp_path / "expired", old.text) == "Resume Handle Expired"
     assert _refused(server, tmp_path / "superseded", handle) == "Resume Handle Expired"
-    for result, count in (("cross_tenant", 1), ("invalid", 2), ("expired", 2)):
+    for result, count in (("cross_tenant", 2), ("invalid", 2), ("expired", 2)):
         assert server.metric("voicegate_resume_attempts_total", result=result) == count
     # Nothing changed: no event, no take-over, still away.
     assert _unchanged(_session(server, session_id)) == before
