@@ -507,6 +507,8 @@ class Runtime:
         finally:
             call.session_started.set()
             self.calls.pop(call.call_id, None)
+            if call.rejoin is not None:
+                self.rejoins.ended(call.call_id)
 
     def is_live(self, session_id: str) -> bool:
         return session_id in self.calls

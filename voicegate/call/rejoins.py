@@ -70,6 +70,11 @@ class Rejoins:
             del self.aliases[call_id]
         return self._host.calls.get(session_id)
 
+    def ended(self, session_id: str) -> None:
+        """The call of ``session_id`` is over: no alias of it is needed any more."""
+        for first_id in [k for k, v in self.aliases.items() if v == session_id]:
+            del self.aliases[first_id]
+
     def __contains__(self, call_id: str) -> bool:
         return call_id in self._pending or call_id in self.aliases
 
