@@ -16,8 +16,9 @@ import pytest
 
 from session.resume import issue
 from session.store.sqlite import SqliteSessionStore
-from tests.integration.harness import ROOT, Provider, Server, Sipp, wait_for
+from tests.integration.harness import ROOT, Provider, Server, ServerFactory, Sipp, wait_for
 from tests.integration.resume_handles import away_session
+from tests.integration.test_pool import pool_env, ready_workers, workers
 from tests.secret_audit import AUDIT
 
 CC = "sip:desk@cc.example.com"
@@ -211,3 +212,39 @@ def test_expired_forged_malformed_and_cross_tenant_handles_are_refused_changing_
     # Nothing changed: no event, no take-over, still away.
     assert _unchanged(_session(server, session_id)) == before
     assert handle not in server.log() and old.text not in server.log()
+
+
+def test_in_a_pool_the_caller_rejoins_on_another_worker_which_takes_the_lease(
+    server_factory: ServerFactory, tmp_path: Path
+) -> None:
+    pool = server_factory(
+        "pool",
+        **pool_env(2),
+        VOICEGATE_TRANSFER_ALLOWED_TARGETS="sip:*@cc.example.com",
+        VOICEGATE_TRANSFER_DEFAULT_TARGET=CC,
+    )
+    wait_for(lambda: ready_workers(pool) == 2, 30, "both workers ready")
+    log = tmp_path / "caller-logs.log"
+    sipp = Sipp(
+        "uac-transfer-blind.xml",
+        pool.sip_target,
+        tmp_path / "caller",
+        extra=("-trace_logs", "-log_file", str(log)),
+    )
+    assert sipp.run() == 0, sipp.errors()
+    away = away_session(pool)
+    handle = _handle_from(log)
+    # Straight to the worker that did not serve the first call (as a front door may send it).
+    other = next(w for w in workers(pool) if w["owner"] != away["owner"])
+    worker_target = other["sip"].removeprefix("sip:")
+    csv = tmp_path / "back" / "handle.csv"
+    csv.parent.mkdir(parents=True)
+    csv.write_text(f"SEQUENTIAL\n{handle};\n")
+    back_call = Sipp("uac-rejoin.xml", worker_target, tmp_path / "back", extra=("-inf", str(csv)))
+    assert back_call.run() == 0, back_call.errors()
+    back = wait_for(
+        lambda: (s := _session(pool, away["session_id"]))["terminal_state"] and s, 15, "the end"
+    )
+    assert back["owner"] == other["owner"] and back["lease_epoch"] == 2
+    assert [e["payload"]["generation"] for e in back["events"] if e["type"] == "rejoined"] == [1]
+    assert back["terminal_state"] == "completed"
