@@ -277,6 +277,9 @@ class SipEndpoint:
                     prm.statusCode = status
                     call.answer(prm)
             case ev.Rekey(call_id=call_id, new_call_id=new_call_id):
+                # The session's previous call is gone from here before its id is reused: a
+                # rejoin is refused as busy while the runtime still has a call of that session,
+                # and the runtime drops a call only after PJSIP reported it DISCONNECTED.
                 call = self._calls.get(call_id)
                 if call is not None and new_call_id not in self._calls:
                     del self._calls[call_id]
