@@ -7,7 +7,7 @@ and be told when they are done). Agents never see SIP or pjsua2.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -255,6 +255,18 @@ class Agent:
 
     async def on_resumed(self, interruptions: str) -> None:
         """The session recovered; continue with a short line, not by replaying the response."""
+
+    async def on_rejoined(self, heard_last: str, results: Sequence[ToolResult]) -> None:
+        """Instead of :meth:`on_start`: the caller came back to this session on a new call (a
+        call centre sent them back with the session's resume handle, docs/tenants.md), and the
+        session has reconciled. ``heard_last`` is what the caller heard last before they left
+        (``prompt NAME`` or ``response ID``); ``results`` are the session's tool calls that
+        have a receipt, read back (``duplicate`` True): tell the caller what became of them,
+        never ask for them again. By default: :meth:`on_resumed` with ``rejoin``, then
+        :meth:`on_tool_result` for each result."""
+        await self.on_resumed("rejoin")
+        for result in results:
+            await self.on_tool_result(result)
 
     async def on_response_interrupted(self, heard_ms: int) -> None:
         """Your response was cut (the caller barged in, or :meth:`Response.cancel`):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import enum
 import logging
+from collections.abc import Sequence
 
 from agents.base import Agent, Response, ToolResult
 
@@ -64,6 +65,22 @@ class DemoAgent(Agent):
         self._digits: list[str] = []
         self._amount = ""
         self._say("greeting", "menu")
+
+    async def on_rejoined(self, heard_last: str, results: Sequence[ToolResult]) -> None:
+        # Back from a call centre: the outcome of the last payment as the store has it (seed
+        # 004: reclaim, don't resend), then the menu; no greeting, the caller knows us.
+        self._digits = []
+        self._amount = ""
+        payments = [r for r in results if r.tool == PAYMENT_TOOL]
+        outcome = payments[-1].outcome if payments else None
+        log.info(
+            "demo.rejoined",
+            extra={"call_id": self.context.call_id, "heard_last": heard_last, "outcome": outcome},
+        )
+        if outcome is not None:
+            self._say(_OUTCOME_PROMPTS.get(outcome, "payment_unavailable"), "menu")
+        else:
+            self._say("sorry_lost_you", "menu")
 
     async def on_dtmf(self, digit: str) -> None:
         if self.mode in (_Mode.ENDING, _Mode.PAYING, _Mode.TRANSFERRING):

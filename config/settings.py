@@ -444,7 +444,9 @@ class SessionSettings:
         metadata=key(
             float_range(30, 86400),
             "How long a resume handle stays valid (one is issued when a session starts, on each "
-            "transfer, and to the tenant's API); each is used once (docs/tenants.md)",
+            "transfer, and to the tenant's API); each is used once. A caller transferred out may "
+            "be sent back with it for this long, and the session ends completed only then "
+            "(docs/tenants.md, Coming back)",
         ),
     )
 

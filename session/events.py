@@ -141,6 +141,35 @@ class TransferFinished(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class CallRejoined(Event):
+    """A caller transferred out came back on a new dialog with the session's resume handle
+    (session.away). ``generation`` is the session's new signaling generation (one more than
+    the last); ``via`` says where the handle was (``header``: X-Voicegate-Resume, ``uui``:
+    hex User-to-User); ``caller`` is masked. Never the handle itself."""
+
+    type: ClassVar[str] = "rejoined"
+    generation: int = 0
+    caller: str = ""
+    via: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class AwayExpired(Event):
+    """The resume handle of a session that is away ran out unused: the reaper ends it."""
+
+    type: ClassVar[str] = "away_expired"
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ResumeReused(Event):
+    """A used (rotated) resume handle of this session was presented again: it may have been
+    stolen, so write tools freeze until reconciliation (session.away)."""
+
+    type: ClassVar[str] = "resume_reused"
+
+
+@dataclass(frozen=True, slots=True)
 class CallerHangup(Event):
     type: ClassVar[str] = "caller_hangup"
 
@@ -362,6 +391,9 @@ EVENT_TYPES: dict[str, type[Event]] = {
         ConsultAnswered,
         BridgeUp,
         BridgeEnded,
+        CallRejoined,
+        AwayExpired,
+        ResumeReused,
         CallerHangup,
         DialogFailed,
         AgentFailed,

@@ -863,6 +863,9 @@ SAMPLES: list[ev.Event] = [
     ev.OperatorResolution("needs_human", "called back"),
     ev.OwnerLost("the process serving the call died"),
     ev.SessionReaped("worker died"),
+    ev.CallRejoined(1, "******1234", "header"),
+    ev.AwayExpired("the resume handle expired unused"),
+    ev.ResumeReused(),
 ]
 
 

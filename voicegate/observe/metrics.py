@@ -20,6 +20,7 @@ from prometheus_client import (
 
 from agents.base import AGENT_CALLS, RESPONSE_ENDINGS
 from agents.remote.protocol import ERROR_CODES
+from session.resume import ResumeResult
 from session.vocabulary import Interruption, LegOutcome, Outcome, RecoveryOutcome, Terminal
 
 # Why the control API refused a request (voicegate/control/auth.py); a closed vocabulary.
@@ -348,6 +349,15 @@ class Metrics:
         )
         for reason in RESUME_ISSUE_REASONS:
             self.resume_issued.labels(reason)
+        self.resume_attempts = Counter(
+            "voicegate_resume_attempts_total",
+            "Resume handles presented on an INVITE, by result (ok: the call rejoined its "
+            "session; expired, invalid, cross_tenant, reused: refused with 403)",
+            ["result"],
+            registry=r,
+        )
+        for resume_result in ResumeResult:
+            self.resume_attempts.labels(resume_result.value)
         for mode in TRANSFER_MODES:
             for transfer_outcome in TRANSFER_OUTCOMES:
                 self.transfers.labels(mode, transfer_outcome)
