@@ -11,9 +11,10 @@ from typing import Final
 import numpy as np
 from numpy.typing import NDArray
 
-PAUSE_MS: Final = 250
+PAUSE_MS: Final = 350
 """A quiet run at least this long ends a sentence (espeak-ng's pauses between words are shorter:
-about 50 to 120 ms at 160 words a minute; after a full stop about 350)."""
+100 to 300 ms at 160 words a minute, a comma included; after a full stop 400 to 520 ms, measured on
+the demo menu)."""
 QUIET_DBFS: Final = -40.0
 WINDOW_MS: Final = 10
 
