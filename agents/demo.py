@@ -17,7 +17,7 @@ from __future__ import annotations
 import enum
 import logging
 
-from agents.base import Agent, Response, ToolResult
+from agents.base import Agent, PlaybackCut, Response, ToolResult
 from audio.sentences import resume_point
 
 log = logging.getLogger("voicegate.agent.demo")
@@ -57,6 +57,7 @@ class DemoAgent(Agent):
     _response: Response | None = None
     # What the current response queued: (prompt, first sample played of it) in order.
     _said: tuple[tuple[str, int], ...] = ()
+    _barged: str | None = None  # the response the caller's speech or key last cut
 
     def _say(self, *prompts: str) -> None:
         """Say ``prompts`` as one response, after what is still playing (which it supersedes)."""
@@ -76,8 +77,8 @@ class DemoAgent(Agent):
         # Nobody spoke to us: say again the sentence that was cut, from its start, and the rest.
         if self.mode in (_Mode.ENDING, _Mode.PAYING, _Mode.TRANSFERRING) or self._response is None:
             return
-        if self._response.ended != "interrupted" or self.call.queued_ms:
-            return  # something newer is already playing
+        if self._barged != self._response.id or self.call.queued_ms:
+            return  # the cut was of an older response, or something newer already plays
         heard = heard_ms * self.call.rate // 1000
         for k, (prompt, start) in enumerate(self._said):
             audio = self.call.prompt(prompt)
@@ -201,6 +202,10 @@ class DemoAgent(Agent):
             self._say("menu")
             return
         self._say("sorry_lost_you", *(["menu"] if self.mode is _Mode.MENU else []))
+
+    async def on_playback_cut(self, cut: PlaybackCut) -> None:
+        if cut.reason == "barge_in":
+            self._barged = cut.response_id
 
     async def on_speech_turn(self, duration_ms: int) -> None:
         # The demo understands keys, not words: after the caller has spoken (and perhaps cut a

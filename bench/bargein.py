@@ -16,10 +16,11 @@ SNR (20, 10, 5 dB; noise at the tests' speech level minus the SNR):
 * **noise only**: ``--noise-s`` of noise and nothing else while the agent greets and reads its
   menu. Every barge-in is false and every committed caller turn came from noise (session log).
 * **speech over noise**: the same noise throughout, and ``--utterances`` short lines from
-  espeak-ng voices no test uses (en-gb-scotland, en-029, en-gb-x-rp, en-us-nyc), each starting
-  while the agent talks. A line is *missed* when the agent was still loud in the last 400 ms of
-  it; otherwise its latency is from the line's first sample on the wire (the caller's packet that
-  carried it) to the end of the last loud packet the caller received before the silence.
+  espeak-ng voices no test uses (en-gb-scotland, en-029, en-gb-x-rp, en-us-nyc), meant to start
+  while the agent talks (lines that start while it is silent are not counted). The latency is
+  from the line's first sample on the wire (the caller's packet that carried it) to the end of
+  the last loud packet the caller heard before 600 ms of silence; over 1 s is a *missed*
+  barge-in (the agent talked on over the caller).
 
 Figures: false barge-ins per minute and false caller turns per minute (noise only, per minute of
 call), missed barge-ins, and barge-in latency at the caller's ear (median and p95). Up to
@@ -163,30 +164,47 @@ def session_counts(server: Server) -> dict[str, dict[str, int]]:
     return out
 
 
+SILENT_S = 0.6  # longer than any pause inside a prompt (at most 0.52 s): the agent stopped
+MISSED_MS = 1000.0  # the agent talked over a second of the caller's line: not a barge-in
+
+
 def speech_figures(case: Case, packets: list[RtpPacket]) -> tuple[list[float], int, int]:
-    """Latencies (ms) of the lines the agent talked over, lines missed, lines it talked over."""
+    """Latencies (ms) of the lines the agent talked over, lines missed, lines it talked over.
+
+    For a line that began while the agent was loud (within 300 ms before): the cut is the end of
+    the last loud packet before the first silence of :data:`SILENT_S` the caller heard after the
+    onset; a cut more than :data:`MISSED_MS` after the onset is a missed barge-in.
+    """
     sent = [p for p in packets if p.src_port == case.media_port and p.payload_type == 8]
     if not sent:
         return [], 0, 0
     server_port = sent[0].dst_port
-    heard = [p for p in packets if p.src_port == server_port and p.dst_port == case.media_port]
-    heard.sort(key=lambda p: p.at)
+    loud = sorted(
+        p.at
+        for p in packets
+        if p.src_port == server_port and p.dst_port == case.media_port and p.rms > LOUD
+    )
     latencies, missed, eligible = [], 0, 0
-    for start, length in case.lines:
+    for start, _length in case.lines:
         index = round(start * 50)
         if index >= len(sent):
             continue
         onset = sent[index].at
-        before = [p for p in heard if onset - 0.3 <= p.at < onset and p.rms > LOUD]
-        if not before:
+        if not any(onset - 0.3 <= t < onset for t in loud):
             continue  # the agent was not talking: nothing to barge in on
         eligible += 1
-        during = [p for p in heard if onset <= p.at <= onset + length and p.rms > LOUD]
-        if any(p.at > onset + length - 0.4 for p in during):
+        cut = onset - 0.02
+        for t in loud:
+            if t < onset:
+                continue
+            if t - cut > SILENT_S:
+                break
+            cut = t
+        latency = (cut + 0.02 - onset) * 1000
+        if latency > MISSED_MS:
             missed += 1
-            continue
-        cut = max((p.at for p in during), default=onset - 0.02)
-        latencies.append((cut + 0.02 - onset) * 1000)
+        else:
+            latencies.append(latency)
     return latencies, missed, eligible
 
 

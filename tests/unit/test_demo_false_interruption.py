@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from agents.base import CallContext
+from agents.base import CallContext, PlaybackCut
 from agents.demo import DemoAgent
 from audio.prompts import PromptLibrary, default_prompts_dir
 from audio.sentences import resume_point, sentence_starts
@@ -40,8 +40,9 @@ def test_a_point_inside_a_sentence_resumes_at_its_start() -> None:
 
 
 class _Response:
-    def __init__(self, call: _Call) -> None:
+    def __init__(self, call: _Call, response_id: str) -> None:
         self.call = call
+        self.id = response_id
         self.audio: list[NDArray[np.int16]] = []
         self.ended: str | None = None
 
@@ -72,7 +73,7 @@ class _Call:
         self.responses: list[_Response] = []
 
     def respond(self) -> _Response:
-        self.responses.append(_Response(self))
+        self.responses.append(_Response(self, f"r{len(self.responses) + 1}"))
         return self.responses[-1]
 
     def prompt(self, name: str) -> NDArray[np.int16]:
@@ -80,6 +81,12 @@ class _Call:
 
     def __getattr__(self, name: str) -> Any:
         raise AssertionError(f"the demo agent asked for {name} on a false interruption")
+
+
+def _barge_in(agent: DemoAgent, response: _Response, heard_ms: int) -> None:
+    # As the session does it: the response handle was already done (all queued), then cut.
+    response.ended = "done"
+    asyncio.run(agent.on_playback_cut(PlaybackCut(response.id, 0, heard_ms, (), "barge_in")))
 
 
 def _agent() -> tuple[DemoAgent, _Call]:
@@ -95,7 +102,7 @@ def test_a_false_interruption_resumes_the_menu_at_the_cut_sentence(sentence: int
     greeting, menu = PROMPTS.get("greeting", RATE), PROMPTS.get("menu", RATE)
     starts = sentence_starts(menu, RATE)
     heard = len(greeting) + starts[sentence] + RATE // 2  # half a second into that sentence
-    call.responses[0].ended = "interrupted"
+    _barge_in(agent, call.responses[0], heard * 1000 // RATE)
     asyncio.run(agent.on_false_interruption(heard * 1000 // RATE))
     assert len(call.responses) == 2
     played = np.concatenate(call.responses[1].audio)
@@ -106,17 +113,27 @@ def test_a_second_false_interruption_counts_from_where_the_resumed_response_bega
     agent, call = _agent()
     greeting, menu = PROMPTS.get("greeting", RATE), PROMPTS.get("menu", RATE)
     starts = sentence_starts(menu, RATE)
-    call.responses[0].ended = "interrupted"
-    asyncio.run(agent.on_false_interruption((len(greeting) + starts[1] + 800) * 1000 // RATE))
+    first = (len(greeting) + starts[1] + 800) * 1000 // RATE
+    _barge_in(agent, call.responses[0], first)
+    asyncio.run(agent.on_false_interruption(first))
     # The resumed response starts at sentence 1; cut again a second into sentence 2.
-    call.responses[1].ended = "interrupted"
-    asyncio.run(agent.on_false_interruption((starts[2] - starts[1] + RATE) * 1000 // RATE))
+    second = (starts[2] - starts[1] + RATE) * 1000 // RATE
+    _barge_in(agent, call.responses[1], second)
+    asyncio.run(agent.on_false_interruption(second))
     np.testing.assert_array_equal(np.concatenate(call.responses[2].audio), menu[starts[2] :])
 
 
 def test_nothing_is_resumed_when_a_newer_response_already_plays() -> None:
     agent, call = _agent()
-    call.responses[0].ended = "interrupted"
+    _barge_in(agent, call.responses[0], 3000)
     call.queued_ms = 500
+    asyncio.run(agent.on_false_interruption(3000))
+    assert len(call.responses) == 1
+
+
+def test_nothing_is_resumed_when_the_cut_was_not_the_callers() -> None:
+    agent, call = _agent()
+    call.responses[0].ended = "done"
+    asyncio.run(agent.on_playback_cut(PlaybackCut("r1", 0, 3000, (), "media")))
     asyncio.run(agent.on_false_interruption(3000))
     assert len(call.responses) == 1
