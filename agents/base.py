@@ -184,6 +184,11 @@ class CallControl(Protocol):
     def hangup(self, reason: str, *, after_playout: bool = True) -> None:
         """End the call (BYE), by default once the queued audio has been heard."""
 
+    def prompt(self, name: str) -> NDArray[np.int16]:
+        """The audio :meth:`Response.play_prompt` would queue for ``name``, at the call's rate
+        (to play part of a prompt, e.g. from the sentence a false interruption cut)."""
+        ...
+
     def request_tool(
         self, tool: str, arguments: Mapping[str, Any], *, key: str | None = None
     ) -> str:
@@ -272,6 +277,12 @@ class Agent:
         """Your response was cut (the caller barged in, or :meth:`Response.cancel`):
         the caller heard its first ``heard_ms`` milliseconds; truncate what you remember of it
         to that."""
+
+    async def on_false_interruption(self, heard_ms: int) -> None:
+        """Your response was cut by caller audio that did not become a caller turn within
+        ``audio.barge_in_false_window_ms`` (noise, a cough, a word to someone else): the caller
+        heard its first ``heard_ms`` milliseconds and said nothing to you. Pick up where you were
+        (the demo agent repeats the cut sentence from its start) or stay silent."""
 
     async def on_stop(self) -> None:
         """Stop producing output now: the response in progress was cancelled (an interruption,

@@ -274,6 +274,18 @@ class ResponseInterrupted(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class BargeInJudged(Event):
+    """What a speech barge-in turned out to be (issue 21): ``confirmed`` when a caller turn was
+    committed within the window after it, ``false`` when none was (noise, a cough) and the agent
+    was told it may resume; ``heard_ms`` of the cut response had been heard. A record only."""
+
+    type: ClassVar[str] = "barge_in_judged"
+    response_id: str = ""
+    outcome: str = ""
+    heard_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class ResponseFinished(Event):
     type: ClassVar[str] = "response_finished"
     response_id: str = ""
@@ -408,6 +420,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         TurnCommitted,
         ResponseStarted,
         ResponseInterrupted,
+        BargeInJudged,
         ResponseFinished,
         ToolIntent,
         ToolRequestSent,

@@ -368,6 +368,14 @@ def _on_response_finished(state: SessionState, event: ev.ResponseFinished, now: 
     return end_response(state, event, event.response_id), []
 
 
+def _on_barge_in_judged(state: SessionState, event: ev.BargeInJudged, now: float) -> Result:
+    # A record for the log and the SRE: the cut already happened (ResponseInterrupted), and
+    # resuming is the agent's own new response, so nothing in the session moves.
+    if event.outcome not in ("confirmed", "false"):
+        raise IllegalTransition(state, event, f"outcome {event.outcome!r} is not confirmed/false")
+    return state, []
+
+
 # --- side effects -------------------------------------------------------------------------------
 
 
@@ -715,6 +723,7 @@ TRANSITIONS: Mapping[type[ev.Event], Rule[Any]] = {rule.event: rule for rule in 
     Rule(ev.ResponseStarted, CALL_UP, _on_response_started, _NOT_UP),
     Rule(ev.ResponseInterrupted, AFTER_OFFER, _on_response_interrupted),
     Rule(ev.ResponseFinished, AFTER_OFFER, _on_response_finished),
+    Rule(ev.BargeInJudged, AFTER_OFFER, _on_barge_in_judged),
     # side effects: receipts still settle after the owner is lost (reconciliation)
     Rule(ev.ToolIntent, CALL_UP, _on_tool_intent, _NOT_UP),
     Rule(ev.ToolRequestSent, AFTER_OFFER, _on_tool_request_sent),

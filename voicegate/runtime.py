@@ -231,9 +231,17 @@ class Runtime:
             frame_ms=a.vad_frame_ms,
             onset_ms=a.vad_onset_ms,
             hangover_ms=a.vad_hangover_ms,
+            detector=a.vad_detector,
+            margin_db=a.vad_margin_db,
+            window_ms=a.vad_window_ms,
+            floor_rise_db_s=a.vad_floor_rise_db_per_s,
         )
         barge = BargeInConfig(
-            enabled=a.barge_in, min_speech_ms=a.barge_in_min_speech_ms, dtmf=a.barge_in_dtmf
+            enabled=a.barge_in,
+            min_speech_ms=a.barge_in_min_speech_ms,
+            dtmf=a.barge_in_dtmf,
+            turn_min_speech_ms=a.turn_min_speech_ms,
+            false_window_ms=a.barge_in_false_window_ms,
         )
         return a.agent_rate, vad, barge
 

@@ -157,6 +157,12 @@ def blind_strategies(generation: int, current_attempt: int) -> EventStrategies:
         ev.ResponseFinished: st.builds(
             ev.ResponseFinished, response_id=response_ids, heard_ms=st.just(900)
         ),
+        ev.BargeInJudged: st.builds(
+            ev.BargeInJudged,
+            response_id=response_ids,
+            outcome=st.sampled_from(["confirmed", "false", "bogus"]),
+            heard_ms=st.just(120),
+        ),
         ev.ToolIntent: st.builds(
             ev.ToolIntent,
             key=keys,

@@ -85,6 +85,9 @@ class GuardedAgent(Agent):
     async def on_response_interrupted(self, heard_ms: int) -> None:
         await self._call("on_response_interrupted", self.inner.on_response_interrupted, heard_ms)
 
+    async def on_false_interruption(self, heard_ms: int) -> None:
+        await self._call("on_false_interruption", self.inner.on_false_interruption, heard_ms)
+
     async def on_stop(self) -> None:
         await self._call("on_stop", self.inner.on_stop)
 

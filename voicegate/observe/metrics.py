@@ -224,8 +224,10 @@ class Metrics:
         )
         self.barge_ins = Counter(
             "voicegate_barge_ins_total",
-            "Responses interrupted by the caller, by speech or DTMF",
-            ["reason"],
+            "Responses interrupted by the caller, by speech or DTMF, counted once judged: "
+            "confirmed (a caller turn followed; a key press always is one) or false (no turn "
+            "within audio.barge_in_false_window_ms: noise, a cough)",
+            ["reason", "outcome"],
             registry=r,
         )
         self.barge_in_latency = Histogram(
@@ -383,7 +385,8 @@ class Metrics:
         for receipt in Outcome:
             self.reconciliations.labels(receipt)
         for reason in ("speech", "dtmf"):
-            self.barge_ins.labels(reason)
+            for judged in ("confirmed", "false"):
+                self.barge_ins.labels(reason, judged)
         for call in AGENT_CALLS:
             self.agent_failures.labels(call)
         for ending in RESPONSE_ENDINGS:
