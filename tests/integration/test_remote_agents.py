@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -33,6 +34,7 @@ from tests.integration.harness import (
 )
 from tests.integration.resume_handles import away_session
 from tests.integration.rtp_capture import Capture, RtpPacket
+from tests.secret_audit import AUDIT
 
 SECRET = "example-agent-secret-0123456789"
 
@@ -482,3 +484,46 @@ def test_an_agent_that_restarted_takes_the_call_up_again_with_what_was_heard(
     assert resumes == {"resumed": 0, "refused": 1, "restarted": 1, "failed": 0}
     types = [e["type"] for e in session_events(server)]
     assert types.count("agent_link_lost") == 1 and types.count("agent_link_restored") == 1
+
+
+def test_a_caller_sent_back_to_a_remote_agent_session_is_told_rejoined_with_heard_last(
+    server_factory: ServerFactory, agent: ExampleAgent, tmp_path: Path
+) -> None:
+    server = server_factory(
+        **agent.env(),
+        VOICEGATE_TRANSFER_ALLOWED_TARGETS="sip:*@cc.example.com",
+        VOICEGATE_TRANSFER_DEFAULT_TARGET="sip:desk@cc.example.com",
+    )
+    log = tmp_path / "caller-logs.log"
+    sipp = Sipp(
+        "uac-transfer-blind.xml",
+        server.sip_target,
+        tmp_path / "caller",
+        extra=("-trace_logs", "-log_file", str(log)),
+    )
+    assert sipp.run() == 0, sipp.errors()
+    away = away_session(server)
+    (handle,) = re.findall(r"X-Voicegate-Resume: (\S+)", log.read_text())
+    AUDIT.register(handle, "resume handle sent on a REFER", "tests/integration")
+    work = tmp_path / "back"
+    work.mkdir()
+    (work / "handle.csv").write_text(f"SEQUENTIAL\n{handle};\n")
+    back = Sipp(
+        "uac-rejoin.xml", server.sip_target, work, extra=("-inf", str(work / "handle.csv"))
+    )
+    assert back.run() == 0, back.errors()
+    # The agent hears the rejoin on a new link: session.start for the same session, resumed
+    # (do not greet again), with what the caller heard last before they left.
+    starts = [m for m in agent_told(agent) if "rejoined" in m]
+    assert len(starts) == 1, agent_told(agent)
+    assert starts[0]["rejoined"]["heard_last"].startswith(("prompt ", "response ")), starts
+    assert starts[0]["rejoined"]["results"] == []
+    def ended_session() -> dict[str, Any] | None:
+        status, body = server.http(f"/v1/sessions/{away['session_id']}")
+        assert status == 200, body
+        return dict(body) if body["terminal_state"] else None
+
+    assert wait_for(ended_session, 15, "the end")["terminal_state"] == "completed"
+    opened = [e["new"] for e in log_events(server, "agent_link.state")]
+    assert opened.count("open") == 2, opened
+    assert handle not in server.log()
