@@ -130,6 +130,11 @@ def report_reuse(store: SessionStore, session_id: str, *, owner: str, now: float
         state = DurableSession.load(store, session_id).state
         if state.signaling is not Signaling.AWAY:
             return False
+        if store.handles_used(session_id) > state.signaling_generation:
+            # A rejoin rotated a handle and has not logged "rejoined" yet (it is between its
+            # take-over and its first write, on another worker): the session is its call's,
+            # and taking the lease now would hang that caller up. Counted, not recorded.
+            return False
         session = DurableSession.take_over(store, session_id, owner=owner, now=now)
         session.apply(ResumeReused(), now)
     except StoreError:
