@@ -324,6 +324,10 @@ def caller_id() -> Rule:
         uri = named.group(2) if named else value
         if not _SIP_URI.fullmatch(uri) or (named is not None and not named.group(1).strip()):
             raise _refuse(allowed)
+        if named is None and ("," in uri or ";" in uri):
+            # RFC 3261 section 20.10: outside <> a URI's ;params are the header's own (a
+            # ;tag= would meet pjsua's) and a comma separates header values.
+            raise _refuse(allowed + " (a URI with ';' or ',' goes in <>)")
         return value
 
     return Rule(allowed, check)

@@ -29,7 +29,7 @@ import hmac
 import re
 import secrets
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 PREFIX = "vgr1"
 SELECTOR_BYTES = 8
@@ -66,8 +66,10 @@ REFUSAL_PHRASES = {
 class ResumeRecord:
     """What the store keeps of a handle: never the verifier itself."""
 
-    selector: str
-    verifier_digest: str  # SHA-256 hex of the verifier
+    # Neither shows in a repr: the selector is a third of the handle's text, and no fragment of
+    # a handle goes into a log line or a traceback (ARCHITECTURE.md, "Resume handles").
+    selector: str = field(repr=False)
+    verifier_digest: str = field(repr=False)  # SHA-256 hex of the verifier
     session_id: str
     tenant: str
     issued_at: float
@@ -84,7 +86,7 @@ class Handle:
 
     def __repr__(self) -> str:
         # A handle in a traceback or a debug print must not show its secret.
-        return f"Handle(selector={self.record.selector!r}, session={self.record.session_id!r})"
+        return f"Handle(session={self.record.session_id!r})"
 
 
 def _digest(verifier: str) -> str:

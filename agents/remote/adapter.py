@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -98,6 +98,22 @@ class RemoteAgent(Agent):
 
     async def on_start(self) -> None:
         self.link.send(self._start(resumed=False))
+        self._task = asyncio.get_running_loop().create_task(self.link.run())
+
+    async def on_rejoined(self, heard_last: str, results: Sequence[ToolResult]) -> None:
+        # A caller sent back to this session on a new call (docs/tenants.md, "Coming back"):
+        # a new agent session, resumed (no greeting), told what the caller heard last and what
+        # became of the session's tool calls, read back from the store (never run again). Its
+        # call ids are new requests: their keys must not meet the earlier calls' keys.
+        self._tools.rejoined()
+        start = self._start(resumed=True)
+        start["rejoined"] = {
+            "heard_last": heard_last[:300],
+            "results": [
+                {"tool": r.tool, "outcome": r.outcome, "detail": dict(r.detail)} for r in results
+            ],
+        }
+        self.link.send(start)
         self._task = asyncio.get_running_loop().create_task(self.link.run())
 
     def _start(self, resumed: bool) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -33,11 +34,20 @@ class ToolCalls:
         self._calls: dict[str, _ToolCall] = {}  # the agent's call id -> its request
         self._by_key: dict[str, str] = {}  # idempotency key -> the agent's call id
         self._epoch = 0  # agent sessions started again
+        self._epoch_tag = ""  # a rejoined call's own key space (rejoined)
 
     def restart(self) -> None:
         """A new agent session: its call ids are new requests. Results of the old session's
         calls are still told, under their call id."""
         self._epoch += 1
+        self._calls.clear()
+
+    def rejoined(self) -> None:
+        """The session's caller came back on a new call (a rejoin): a new agent session whose
+        call ids restart, in a key space of their own. The session id is the same as before the
+        transfer and an epoch count may repeat one of an earlier call's restarts, so the mark is
+        random: ``pay-1`` after a rejoin is never taken for the ``pay-1`` before it."""
+        self._epoch_tag = f"r{secrets.token_hex(8)}"
         self._calls.clear()
 
     def reclaim(self, message: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -64,6 +74,8 @@ class ToolCalls:
         """Record a new request and return its idempotency key."""
         call_id = message["call_id"]
         epoch = f"/{self._epoch}" if self._epoch else ""  # the first keeps its old form
+        if self._epoch_tag:
+            epoch = f"/{self._epoch_tag}{epoch}"
         digest = hashlib.sha256(f"{self._session_id}{epoch}/{call_id}".encode()).hexdigest()
         key = f"ra-{digest[:32]}"
         self._calls[call_id] = _ToolCall(key, message["tool"], _canonical(message["arguments"]))

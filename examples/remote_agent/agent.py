@@ -182,7 +182,10 @@ class Agent:
                 }
             )
             if m["resumed"]:  # we restarted and lost the call: pick it up, don't greet again
-                log.info("session.start %s", json.dumps({"last_heard": m["last_heard"]}))
+                said = {"last_heard": m["last_heard"]}
+                if "rejoined" in m:  # a caller sent back to this session (a new call)
+                    said["rejoined"] = m["rejoined"]
+                log.info("session.start %s", json.dumps(said))
             s.say(s.prompt("sorry_lost_you" if m["resumed"] else "greeting"), mark="greeting")
             return s
         known = self.sessions.get(sid)

@@ -389,4 +389,9 @@ class SessionStore(Protocol):
         Nothing is written on False."""
         ...
 
+    def handles_used(self, session_id: str) -> int:
+        """How many of the session's handles were ever rotated (``used``): one per rejoin that
+        got that far, whether or not its ``rejoined`` event has been logged yet."""
+        ...
+
     def close(self) -> None: ...

@@ -54,6 +54,14 @@ class ResumeHandlesSql:
             raise StoreError(f"session store read failed: {exc}") from exc
         return ResumeRecord(*row) if row else None
 
+    def handles_used(self: _Db, session_id: str) -> int:
+        sql = "SELECT COUNT(*) FROM resume_handles WHERE session_id = ? AND state = ?"
+        try:
+            (count,) = self._db.execute(sql, (session_id, RecordState.USED.value)).fetchone()
+        except sqlite3.Error as exc:
+            raise StoreError(f"session store read failed: {exc}") from exc
+        return int(count)
+
     def use_handle(self: _Db, selector: str, successor: ResumeRecord) -> bool:
         with self._write():
             row = self._db.execute(

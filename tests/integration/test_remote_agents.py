@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -33,6 +34,7 @@ from tests.integration.harness import (
 )
 from tests.integration.resume_handles import away_session
 from tests.integration.rtp_capture import Capture, RtpPacket
+from tests.secret_audit import AUDIT
 
 SECRET = "example-agent-secret-0123456789"
 
@@ -319,7 +321,7 @@ def test_a_link_that_never_comes_back_ends_the_call_failed_with_the_caller_told(
     assert server.metric("voicegate_agent_link_resumes_total", result="failed") == 1
 
 
-def test_an_agent_asks_for_a_transfer_and_hears_its_progress(
+def test_an_agent_asks_for_a_transfer_hears_its_progress_and_then_the_callers_rejoin(
     server_factory: ServerFactory, agent: ExampleAgent, tmp_path: Path
 ) -> None:
     server = server_factory(
@@ -329,10 +331,16 @@ def test_an_agent_asks_for_a_transfer_and_hears_its_progress(
     )
     # The caller presses 0: the agent sends {"type": "transfer"}; the leg accepts the REFER and
     # NOTIFYs 100 then 200, and our BYE follows the final one.
-    sipp = Sipp("uac-transfer-blind.xml", server.sip_target, tmp_path)
+    log = tmp_path / "caller-logs.log"
+    sipp = Sipp(
+        "uac-transfer-blind.xml",
+        server.sip_target,
+        tmp_path / "caller",
+        extra=("-trace_logs", "-log_file", str(log)),
+    )
     assert sipp.run() == 0, sipp.errors()
     # Away, not ended: the caller may come back with the handle (session/away.py).
-    away_session(server)
+    away = away_session(server)
     told = agent_told(agent)
     progress = [(m["state"], m["status"]) for m in told if m["type"] == "transfer.progress"]
     assert progress[0] == ("started", 0) and progress[-1] == ("completed", 200), progress
@@ -343,6 +351,33 @@ def test_an_agent_asks_for_a_transfer_and_hears_its_progress(
     cleared = [m["reason"] for m in told if m["type"] == "playback.cleared"]
     assert set(cleared) <= {"transfer", "ending"}, cleared
     assert server.metric("voicegate_transfers_total", mode="blind", outcome="completed") == 1
+
+    # The centre sends the caller back with the REFER's handle: the agent hears the rejoin on a
+    # new link, session.start for the same session, resumed (no greeting), with what the caller
+    # heard last before they left (docs/agent-protocol.md, "rejoined").
+    (handle,) = re.findall(r"X-Voicegate-Resume: (\S+)", log.read_text())
+    AUDIT.register(handle, "resume handle sent on a REFER", "tests/integration")
+    work = tmp_path / "back"
+    work.mkdir()
+    (work / "handle.csv").write_text(f"SEQUENTIAL\n{handle};\n")
+    back = Sipp(
+        "uac-rejoin.xml", server.sip_target, work, extra=("-inf", str(work / "handle.csv"))
+    )
+    assert back.run() == 0, back.errors()
+    starts = [m for m in agent_told(agent) if "rejoined" in m]
+    assert len(starts) == 1, agent_told(agent)
+    assert starts[0]["rejoined"]["heard_last"].startswith(("prompt ", "response ")), starts
+    assert starts[0]["rejoined"]["results"] == []
+
+    def ended_session() -> dict[str, Any] | None:
+        status, body = server.http(f"/v1/sessions/{away['session_id']}")
+        assert status == 200, body
+        return dict(body) if body["terminal_state"] else None
+
+    assert wait_for(ended_session, 15, "the end")["terminal_state"] == "completed"
+    opened = [e["new"] for e in log_events(server, "agent_link.state")]
+    assert opened.count("open") == 2, opened
+    assert handle not in server.log()
 
 
 def test_an_agent_hears_its_bridge_completed_and_its_link_dying_then_ends_nothing(
@@ -482,3 +517,4 @@ def test_an_agent_that_restarted_takes_the_call_up_again_with_what_was_heard(
     assert resumes == {"resumed": 0, "refused": 1, "restarted": 1, "failed": 0}
     types = [e["type"] for e in session_events(server)]
     assert types.count("agent_link_lost") == 1 and types.count("agent_link_restored") == 1
+

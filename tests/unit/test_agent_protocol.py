@@ -552,3 +552,20 @@ def test_a_restarted_session_forgets_the_old_ids_and_tells_what_was_heard() -> N
     _msg(agent, body)  # the new session's pay-1: a new request, with a new key
     assert len(call.handles) == 2 and len(call.tools) == 2
     assert call.tools[0][1] != call.tools[1][1]
+
+
+def test_a_rejoined_agent_sessions_tool_calls_never_take_the_keys_of_the_calls_before() -> None:
+    # The rejoined call keeps the session's id and a new agent session numbers its calls from
+    # pay-1 again: the same key would answer a new payment with the old one's receipt (or be
+    # refused as a conflicting intent). Nor may it meet a restart's key (epoch 1) of before.
+    from agents.remote.tool_calls import ToolCalls
+
+    call = {"call_id": "pay-1", "tool": "pay", "arguments": {"amount_cents": 5}, "seq": 3}
+    before, restarted, rejoined, again = (ToolCalls("s-1") for _ in range(4))
+    restarted.restart()
+    rejoined.rejoined()
+    again.rejoined()
+    keys = {t.new_key(call) for t in (before, restarted, rejoined, again)}
+    assert len(keys) == 4
+    rejoined.restart()
+    assert rejoined.new_key(call) not in keys

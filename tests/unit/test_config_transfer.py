@@ -88,7 +88,11 @@ def test_matching_ignores_surrounding_space_only() -> None:
 
 @pytest.mark.parametrize(
     "value",
-    ["sip:+4930555000@trunk.example.com", '"Acme Support" <sip:+4930555000@trunk.example.com>'],
+    [
+        "sip:+4930555000@trunk.example.com",
+        '"Acme Support" <sip:+4930555000@trunk.example.com>',
+        '"Acme" <sip:+4930555000@trunk.example.com;user=phone>',
+    ],
 )
 def test_a_caller_id_is_a_sip_uri_or_a_quoted_name_and_one(value: str) -> None:
     settings = load_settings(
@@ -106,6 +110,9 @@ def test_a_caller_id_is_a_sip_uri_or_a_quoted_name_and_one(value: str) -> None:
         '"Acme" sip:a@b',  # a display name needs the URI in <>
         '"Ac"me" <sip:a@b>',  # a quote inside the name
         '"Acme" <sip:a@b>;tag=1',  # the tag is pjsua's, per dialog
+        "sip:a@b;tag=1",  # bare, its ;params are the From's own (RFC 3261 20.10): the same tag
+        "sip:a@b;user=phone",  # bare: header parameters, not the URI's; write it in <>
+        "sip:a@b,sip:c@d",  # bare, a comma would make two values of a single-valued header
         "sip:a@b\r\nX-Injected: 1",
         '"  " <sip:a@b>',
     ],

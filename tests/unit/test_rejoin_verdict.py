@@ -131,3 +131,47 @@ def test_the_reaper_leaves_an_away_session_until_its_handle_expires_then_complet
     state = DurableSession.load(store, "s1").state
     assert state.ended is not None and state.ended.reason == "transferred"
     assert expire_away(store, me="w9/z", now=T0 + 4 + TTL) == []  # idempotent
+
+
+def test_a_live_handle_of_a_session_whose_away_time_is_over_is_expired_changing_nothing(
+    store: SqliteSessionStore,
+) -> None:
+    # POST /v1/sessions/{id}/resume while away issues a handle that outlives the session's
+    # away_until (the transfer's time plus the lifetime). Presented after away_until, before
+    # the reaper's sweep: the session cannot take the rejoin (its machine refuses it), so the
+    # handle must not be used up nor the lease moved for a call that would only crash.
+    _away(store)
+    later = issue("s1", "main", now=T0 + 300, ttl_s=TTL)
+    store.record_handle(later.record)
+    away_until = DurableSession.load(store, "s1").state.away_until
+    assert away_until is not None and later.record.expires_at > away_until
+    before = _snapshot(store)
+    now = away_until + 1
+    verdict = verify_and_take(store, later.text, tenant="main", owner="w2/b", now=now, ttl_s=TTL)
+    assert (verdict.result, verdict.session) == (ResumeResult.EXPIRED, None)
+    assert _snapshot(store) == before
+    record = store.resume_handle(later.record.selector)
+    assert record is not None and record.state == "current"
+    # The reaper's sweep ends it as the transfer's end, as for any away session.
+    assert expire_away(store, me="w3/c", now=now) == ["s1"]
+
+
+def test_a_reuse_racing_a_rejoin_in_flight_never_takes_the_lease_from_it(
+    store: SqliteSessionStore,
+) -> None:
+    # Two INVITEs present one handle on two workers: A rotates it and takes the lease, B is
+    # told it was used. Until A's call logs "rejoined" the session still reads as away; B's
+    # report of the reuse must not take the lease over then, or A's first write is refused
+    # (LeaseLost) and the caller who won is hung up, the session left away with a successor
+    # handle nobody holds.
+    text = _away(store)
+    won = verify_and_take(store, text, tenant="main", owner="w1/b", now=T0 + 10, ttl_s=TTL)
+    assert won.session is not None
+    lost = verify_and_take(store, text, tenant="main", owner="w2/c", now=T0 + 10, ttl_s=TTL)
+    assert (lost.result, lost.session_id) == (ResumeResult.REUSED, "s1")
+    assert not report_reuse(store, "s1", owner="w2/c", now=T0 + 10)
+    won.session.apply(ev.CallRejoined(1, "***123", "header"), T0 + 10)
+    assert won.session.state.signaling is Signaling.OFFERED
+    # Once the rejoin is logged, a reuse while its call is up is that call's to hear; and after
+    # the caller leaves for good the session is not away either: nothing to report here.
+    assert not report_reuse(store, "s1", owner="w2/c", now=T0 + 11)

@@ -37,7 +37,9 @@ def test_a_handle_carries_256_random_bits_and_its_record_only_their_digest() -> 
     selector, verifier = parsed
     assert VERIFIER_BYTES * 8 >= 128
     assert handle.record.selector == selector
-    assert verifier not in repr(handle.record) and verifier not in repr(handle)
+    # No fragment of the handle in a repr (a log line of an event, a traceback's locals).
+    for part in (selector, verifier):
+        assert part not in repr(handle.record) and part not in repr(handle)
     assert handle.record.verifier_digest != verifier and len(handle.record.verifier_digest) == 64
     assert (handle.record.issued_at, handle.record.expires_at) == (100.0, 100.0 + TTL)
     # Two handles never share a selector or a verifier (from secrets.token_bytes).

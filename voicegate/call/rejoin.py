@@ -88,6 +88,11 @@ def verify_and_take(
     if state.signaling is not Signaling.AWAY or session_id in live:
         # The caller is still on a call of this session: not consumed, not changed.
         return Verdict(ResumeResult.OK, session_id, busy=True)
+    if state.away_until is not None and now >= state.away_until:
+        # A handle the API issued while away outlives the session's away time: the session
+        # would refuse the rejoin (session/away.py), so nothing is used up or taken over; the
+        # reaper's next sweep ends it as the transfer's end.
+        return Verdict(ResumeResult.EXPIRED)
     successor = issue(session_id, tenant, now=now, ttl_s=ttl_s)
     if not store.use_handle(record.selector, successor.record):
         return Verdict(ResumeResult.REUSED, session_id)  # a racing call used it first
@@ -124,6 +129,11 @@ def report_reuse(store: SessionStore, session_id: str, *, owner: str, now: float
     try:
         state = DurableSession.load(store, session_id).state
         if state.signaling is not Signaling.AWAY:
+            return False
+        if store.handles_used(session_id) > state.signaling_generation:
+            # A rejoin rotated a handle and has not logged "rejoined" yet (it is between its
+            # take-over and its first write, on another worker): the session is its call's,
+            # and taking the lease now would hang that caller up. Counted, not recorded.
             return False
         session = DurableSession.take_over(store, session_id, owner=owner, now=now)
         session.apply(ResumeReused(), now)
