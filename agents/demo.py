@@ -5,8 +5,10 @@ through the configured ``charge`` tool (amount in cents, ``#``, then 1 to pay or
 and the outcome read back); 0 (a person; 3 as before) transfers the caller to
 ``transfer.default_target`` if one is configured, else says it is not available; 9 says goodbye
 and ends the call;
-``*`` repeats the menu. A key press or the caller's speech cuts off whatever prompt is playing
-(barge-in), and after the caller has spoken the menu is offered again.
+``*`` repeats the menu. When the transfer is attended (``transfer.default_mode``), the person
+the consult leg reaches hears why in one sentence (synthesised), after the brief. A key press or
+the caller's speech cuts off whatever prompt is playing (barge-in), and after the caller has
+spoken the menu is offered again.
 The digits themselves are never logged: in a payment flow they would be card numbers.
 """
 
@@ -15,7 +17,7 @@ from __future__ import annotations
 import enum
 import logging
 
-from agents.base import Agent, Response, ToolResult
+from agents.base import Agent, ConsultEvent, Response, ToolResult
 
 log = logging.getLogger("voicegate.agent.demo")
 
@@ -49,9 +51,22 @@ class _Mode(enum.Enum):
     ENDING = "ending"
 
 
+# What the person an attended transfer consults is told, by the last payment's outcome: why the
+# caller wants a person, in one sentence, with nothing personal in it.
+_REASONS = {
+    None: "The caller chose to talk to a person from the voice menu.",
+    "committed": "The caller asked for a person after a payment that went through.",
+    "failed": "The caller asked for a person after a payment the provider refused.",
+    "not_started": "The caller asked for a person after a payment that did not start.",
+    "pending": "The caller asked for a person while a payment is still being processed.",
+    "refused": "The caller asked for a person after a payment that could not be made.",
+}
+
+
 class DemoAgent(Agent):
     mode = _Mode.MENU
     _response: Response | None = None
+    _payment: str | None = None  # the last payment's outcome, for the reason of a transfer
 
     def _say(self, *prompts: str) -> None:
         """Say ``prompts`` as one response, after what is still playing (which it supersedes)."""
@@ -174,6 +189,14 @@ class DemoAgent(Agent):
             return
         self._say("sorry_lost_you", *(["menu"] if self.mode is _Mode.MENU else []))
 
+    async def on_consultation(self, event: ConsultEvent) -> None:
+        # An attended transfer reached a person: tell them why, after the brief (the hand-over
+        # waits for it with consult_complete = after_brief).
+        if event.kind == "answered" and self.mode is _Mode.TRANSFERRING:
+            refused = self.call.consult_say(_REASONS.get(self._payment, _REASONS[None]))
+            if refused is not None:
+                log.info("demo.reason_not_said", extra={"call_id": self.context.call_id})
+
     async def on_speech_turn(self, duration_ms: int) -> None:
         # The demo understands keys, not words: after the caller has spoken (and perhaps cut a
         # prompt short by barge-in), it offers the menu again.
@@ -184,6 +207,7 @@ class DemoAgent(Agent):
         if result.tool != PAYMENT_TOOL or self.mode is not _Mode.PAYING:
             return
         self.mode = _Mode.MENU
+        self._payment = result.outcome
         log.info(
             "demo.payment",
             extra={
