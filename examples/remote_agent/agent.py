@@ -239,8 +239,7 @@ class Agent:
         elif kind == "media.restored" and "agent_link" not in m["interruptions"]:
             s.say(s.prompt("sorry_lost_you"))
         elif kind == "consult.event" and m["kind"] == "answered":  # said on the consult leg only
-            why = "The caller pressed 0 to talk to a person."
-            await s.send({"type": "consult.say", "text": why, "say_id": "why"})
+            await s.send({"type": "consult.say", "text": "The caller pressed 0 for a person."})
         elif kind == "session.end":
             self.sessions.pop(s.sid, None)
         if s.seq == sent:
