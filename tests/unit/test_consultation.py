@@ -283,3 +283,14 @@ def test_no_accept_key_leaves_the_decision_to_the_agent() -> None:
     assert c.stage is Stage.BRIEFING and "refer" not in happened
     assert c.complete(by="agent") is None
     assert happened[-1] == "refer"
+
+
+def test_a_new_media_port_cuts_what_the_old_one_held_and_the_consultation_goes_on() -> None:
+    c, happened, channel, _s = _talking()
+    c.answered()
+    queued = c.say(prompt="reason")
+    _levels(channel, 2)
+    c.media(channel)  # the same port again (a re-INVITE that keeps it): nothing changes
+    assert happened == ["answered"]
+    c.media(MediaChannel(RATE))
+    assert happened == ["answered", f"said {queued} cleared", "refer"]

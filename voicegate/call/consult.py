@@ -102,7 +102,19 @@ class Consultation:
 
     def media(self, channel: MediaChannel) -> None:
         """The consult leg's media is up (again, after a re-INVITE): the brief can play."""
+        old = self._channel
         self._channel = channel
+        if old is not None and old is not channel:
+            # A new port: what the old one still held will never drain there. It is cut (and
+            # told so); the consultation goes on, without waiting for it.
+            cut = list(self._playing.values())
+            self._playing.clear()
+            self._brief_done = self._brief_done or self._brief_queued
+            for say_id in cut:
+                self._notify(ConsultEvent("said", say_id=say_id, outcome="cleared"))
+            if self.stage is Stage.BRIEFING and self._quiet():
+                self._briefed()
+                return
         if self.stage is Stage.BRIEFING and not self._brief_queued:
             self._queue_brief()
 
