@@ -41,7 +41,7 @@ PROMPTS = Path(__file__).resolve().parents[2] / "agents" / "prompts"
 CHUNK_MS = 20
 LEAD_MS = 200  # stream at most this far ahead of real time (voicegate refuses past its maximum)
 # What the call is doing: logged whole (they hold no digit); other messages by type only.
-SHOWN = ("gate", "playback.cleared", "playback.interrupted", "transfer.progress")
+SHOWN = ("gate", "playback.cleared", "playback.interrupted", "transfer.progress", "consult.event")
 
 
 def verify(secret: str, token: str, audience: str) -> str | None:
