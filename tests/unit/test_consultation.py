@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from numpy.typing import NDArray
 
 from agents.base import ConsultEvent
@@ -273,7 +275,12 @@ def test_with_the_person_deciding_the_decline_key_calls_the_transfer_off() -> No
     c.key("2")  # not the decline key here
     c.key("#")
     assert happened == ["answered", "dtmf 2", "dtmf #", "decline", "declined"]
-    assert c.stage is Stage.WAITING  # the transfer's end (the leg hung up) closes it
+    assert c.stage is Stage.OVER
+    c.key("1")  # the leg is still up until our BYE: a late key decides nothing, and is not told
+    assert c.complete() == "the consultation is over"
+    with pytest.raises(ConsultRefused, match="over"):
+        c.say(prompt="reason")
+    assert happened[-1] == "declined"
 
 
 def test_no_accept_key_leaves_the_decision_to_the_agent() -> None:
@@ -294,3 +301,64 @@ def test_a_new_media_port_cuts_what_the_old_one_held_and_the_consultation_goes_o
     assert happened == ["answered"]
     c.media(MediaChannel(RATE))
     assert happened == ["answered", f"said {queued} cleared", "refer"]
+
+
+# --- every say ends exactly once, whatever happens in between -------------------------------
+
+STEPS = st.lists(
+    st.one_of(
+        st.just(("answered", "")),
+        st.tuples(st.just("say_prompt"), st.just("")),
+        st.tuples(st.just("say_text"), st.just("")),
+        st.tuples(st.just("release"), st.sampled_from(["ok", "failed"])),
+        st.tuples(st.just("play"), st.sampled_from(["1", "3", "12"])),
+        st.tuples(st.just("key"), st.sampled_from(["1", "2", "5"])),
+        st.just(("complete", "")),
+        st.just(("new_port", "")),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.sampled_from(["after_brief", "api", "person"]), st.sampled_from(["", "consult_brief"]), STEPS
+)
+def test_every_say_ends_once_the_hand_over_goes_once_and_nothing_plays_after_it(
+    complete: str, brief: str, steps: list[tuple[str, str]]
+) -> None:
+    c, happened, channel, synthesis = _talking(consult_complete=complete, consult_brief=brief)
+    asked: list[str] = []
+    for step, arg in steps:
+        match step:
+            case "answered":
+                c.answered()
+            case "say_prompt" | "say_text":
+                try:
+                    if step == "say_prompt":
+                        asked.append(c.say(prompt="reason"))
+                    else:
+                        asked.append(c.say(text="Hello there"))
+                except ConsultRefused:
+                    pass
+            case "release" if synthesis.pending:
+                samples = np.full(160 * 3, 7, dtype=np.int16) if arg == "ok" else None
+                synthesis.release(samples, "" if samples is not None else "espeak failed")
+            case "play":
+                heard = _levels(channel, int(arg))
+                if "refer" in happened:
+                    assert not any(heard), "audio reached the person after the hand-over"
+                c.tick()
+            case "key":
+                c.key(arg)
+            case "complete":
+                c.complete()
+            case "new_port":
+                channel = MediaChannel(RATE)
+                c.media(channel)
+    c.close()  # the leg ends
+    said = [h.split()[1] for h in happened if h.startswith("said ")]
+    assert sorted(said) == sorted(asked), (asked, happened)
+    assert happened.count("refer") <= 1
+    assert happened.count("decline") <= (1 if complete == "person" else 0)
+    assert not ("refer" in happened and "declined" in happened)

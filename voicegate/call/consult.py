@@ -53,6 +53,7 @@ class Stage(enum.Enum):
     BRIEFING = "briefing"  # the person hears the brief (or a say queued before the go-ahead)
     WAITING = "waiting"  # consult_complete = api or person: for the go-ahead
     HANDING_OVER = "handing_over"  # the REFER with Replaces is on its way
+    OVER = "over"  # declined, called off, or the leg ended: nothing more to decide
 
 
 @dataclass(slots=True, eq=False)  # compared by identity: one say, one entry
@@ -157,6 +158,8 @@ class Consultation:
         returns the say's id. Raises :class:`ConsultRefused` (nothing changed) when the consult
         leg has not answered or the hand-over is under way, or too much is queued; an unknown
         prompt raises audio.prompts.UnknownPrompt."""
+        if self.stage is Stage.OVER:
+            raise ConsultRefused("the consultation is over")
         if self.stage is Stage.RINGING or self._channel is None:
             raise ConsultRefused("the consult leg has not answered yet")
         if self.stage is Stage.HANDING_OVER:
@@ -227,7 +230,7 @@ class Consultation:
     def key(self, digit: str) -> None:
         """The person pressed ``digit`` (RFC 2833 or SIP INFO on the consult leg): told to the
         agent; with consult_complete = person, the accept and decline keys decide."""
-        if self.stage is Stage.RINGING:
+        if self.stage in (Stage.RINGING, Stage.OVER):
             return
         self._notify(ConsultEvent("dtmf", digit=digit))
         settings = self._settings
@@ -240,12 +243,14 @@ class Consultation:
             why = self._decline()
             if why is None:
                 self._notify(ConsultEvent("declined"))
-                self._cut()
+                self.close()
                 log.info("transfer.consult_declined", extra={"call_id": self._call_id})
 
     def complete(self, by: str = "api") -> str | None:
         """The go-ahead (the API's, the agent's): None once the REFER is on its way, else why
         not (409)."""
+        if self.stage is Stage.OVER:
+            return "the consultation is over"
         if self.stage is Stage.HANDING_OVER:
             return "the caller is already being handed over"
         if self.stage is Stage.RINGING:
@@ -255,8 +260,11 @@ class Consultation:
 
     def close(self) -> None:
         """The consultation is over (the leg ended, or was called off): stop synthesising, and
-        tell the agent what it asked to say that never played."""
+        tell the agent what it asked to say that never played. A hand-over under way stays
+        under way (its NOTIFYs tell the outcome)."""
         self._cut()
+        if self.stage is not Stage.HANDING_OVER:
+            self.stage = Stage.OVER
 
     def _cut(self) -> None:
         channel = self._channel

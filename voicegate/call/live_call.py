@@ -193,8 +193,8 @@ class LiveCall:
             "started_at": self.started_at,
             "answered_at": self.answered_at,
             "duration_s": round(now - self.started_at, 3),
-            # An attended transfer's consultation: ringing, briefing, waiting (for the API's
-            # complete) or handing_over; None without one (voicegate/call/consult.py).
+            # An attended transfer's consultation: ringing, briefing, waiting (for the go-ahead),
+            # handing_over or over; None without one (voicegate/call/consult.py).
             "consult": self.transfer.consult_stage(),
         }
 
