@@ -7,7 +7,7 @@ and be told when they are done). Agents never see SIP or pjsua2.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -206,6 +206,11 @@ class CallControl(Protocol):
     def hangup(self, reason: str, *, after_playout: bool = True) -> None:
         """End the call (BYE), by default once the queued audio has been heard."""
 
+    def prompt(self, name: str) -> NDArray[np.int16]:
+        """The audio :meth:`Response.play_prompt` would queue for ``name``, at the call's rate
+        (to play part of a prompt, e.g. from the sentence a false interruption cut)."""
+        ...
+
     def request_tool(
         self, tool: str, arguments: Mapping[str, Any], *, key: str | None = None
     ) -> str:
@@ -306,10 +311,28 @@ class Agent:
     async def on_resumed(self, interruptions: str) -> None:
         """The session recovered; continue with a short line, not by replaying the response."""
 
+    async def on_rejoined(self, heard_last: str, results: Sequence[ToolResult]) -> None:
+        """Instead of :meth:`on_start`: the caller came back to this session on a new call (a
+        call centre sent them back with the session's resume handle, docs/tenants.md), and the
+        session has reconciled. ``heard_last`` is what the caller heard last before they left
+        (``prompt NAME`` or ``response ID``); ``results`` are the session's tool calls that
+        have a receipt, read back (``duplicate`` True): tell the caller what became of them,
+        never ask for them again. By default: :meth:`on_resumed` with ``rejoin``, then
+        :meth:`on_tool_result` for each result."""
+        await self.on_resumed("rejoin")
+        for result in results:
+            await self.on_tool_result(result)
+
     async def on_response_interrupted(self, heard_ms: int) -> None:
         """Your response was cut (the caller barged in, or :meth:`Response.cancel`):
         the caller heard its first ``heard_ms`` milliseconds; truncate what you remember of it
         to that."""
+
+    async def on_false_interruption(self, heard_ms: int) -> None:
+        """Your response was cut by caller audio that did not become a caller turn within
+        ``audio.barge_in_false_window_ms`` (noise, a cough, a word to someone else): the caller
+        heard its first ``heard_ms`` milliseconds and said nothing to you. Pick up where you were
+        (the demo agent repeats the cut sentence from its start) or stay silent."""
 
     async def on_stop(self) -> None:
         """Stop producing output now: the response in progress was cancelled (an interruption,

@@ -5,10 +5,12 @@ through the configured ``charge`` tool (amount in cents, ``#``, then 1 to pay or
 and the outcome read back); 0 (a person; 3 as before) transfers the caller to
 ``transfer.default_target`` if one is configured, else says it is not available; 9 says goodbye
 and ends the call;
-``*`` repeats the menu. When the transfer is attended (``transfer.default_mode``), the person
-the consult leg reaches hears why in one sentence (synthesised), after the brief. A key press or
-the caller's speech cuts off whatever prompt is playing (barge-in), and after the caller has
-spoken the menu is offered again.
+``*`` repeats the menu. A key press or the caller's speech cuts off whatever prompt is playing
+(barge-in), and after the caller has spoken the menu is offered again. A cut that was a false
+interruption (line noise, a cough: no caller turn followed) is picked up again from the start of
+the sentence it cut (audio/sentences.py). When the transfer is attended
+(``transfer.default_mode``), the person the consult leg reaches hears why in one sentence
+(synthesised), after the brief.
 The digits themselves are never logged: in a payment flow they would be card numbers.
 """
 
@@ -16,8 +18,10 @@ from __future__ import annotations
 
 import enum
 import logging
+from collections.abc import Sequence
 
-from agents.base import Agent, ConsultEvent, Response, ToolResult
+from agents.base import Agent, ConsultEvent, PlaybackCut, Response, ToolResult
+from audio.sentences import resume_point
 
 log = logging.getLogger("voicegate.agent.demo")
 
@@ -67,18 +71,60 @@ class DemoAgent(Agent):
     mode = _Mode.MENU
     _response: Response | None = None
     _payment: str | None = None  # the last payment's outcome, for the reason of a transfer
+    # What the current response queued: (prompt, first sample played of it) in order.
+    _said: tuple[tuple[str, int], ...] = ()
+    _barged: str | None = None  # the response the caller's speech or key last cut
 
     def _say(self, *prompts: str) -> None:
         """Say ``prompts`` as one response, after what is still playing (which it supersedes)."""
+        self._play([(prompt, 0) for prompt in prompts])
+
+    def _play(self, parts: list[tuple[str, int]]) -> None:
         response = self._response = self.call.respond()
-        for prompt in prompts:
-            response.play_prompt(prompt)
+        self._said = tuple(parts)
+        for prompt, start in parts:
+            if start == 0:
+                response.play_prompt(prompt)
+            else:
+                response.play(self.call.prompt(prompt)[start:])
         response.done()
+
+    async def on_false_interruption(self, heard_ms: int) -> None:
+        # Nobody spoke to us: say again the sentence that was cut, from its start, and the rest.
+        if self.mode in (_Mode.ENDING, _Mode.PAYING, _Mode.TRANSFERRING) or self._response is None:
+            return
+        if self._barged != self._response.id or self.call.queued_ms:
+            return  # the cut was of an older response, or something newer already plays
+        heard = heard_ms * self.call.rate // 1000
+        for k, (prompt, start) in enumerate(self._said):
+            audio = self.call.prompt(prompt)
+            length = len(audio) - start
+            if heard < length:
+                resume = resume_point(audio, self.call.rate, start + heard)
+                self._play([(prompt, resume), *self._said[k + 1 :]])
+                return
+            heard -= length
 
     async def on_start(self) -> None:
         self._digits: list[str] = []
         self._amount = ""
         self._say("greeting", "menu")
+
+    async def on_rejoined(self, heard_last: str, results: Sequence[ToolResult]) -> None:
+        # Back from a call centre: the outcome of the last payment as the store has it (seed
+        # 004: reclaim, don't resend), then the menu; no greeting, the caller knows us.
+        self._digits = []
+        self._amount = ""
+        payments = [r for r in results if r.tool == PAYMENT_TOOL]
+        outcome = payments[-1].outcome if payments else None
+        log.info(
+            "demo.rejoined",
+            extra={"call_id": self.context.call_id, "heard_last": heard_last, "outcome": outcome},
+        )
+        if outcome is not None:
+            self._say(_OUTCOME_PROMPTS.get(outcome, "payment_unavailable"), "menu")
+        else:
+            self._say("sorry_lost_you", "menu")
 
     async def on_dtmf(self, digit: str) -> None:
         if self.mode in (_Mode.ENDING, _Mode.PAYING, _Mode.TRANSFERRING):
@@ -197,10 +243,16 @@ class DemoAgent(Agent):
             if refused is not None:
                 log.info("demo.reason_not_said", extra={"call_id": self.context.call_id})
 
+    async def on_playback_cut(self, cut: PlaybackCut) -> None:
+        if cut.reason == "barge_in":
+            self._barged = cut.response_id
+
     async def on_speech_turn(self, duration_ms: int) -> None:
         # The demo understands keys, not words: after the caller has spoken (and perhaps cut a
         # prompt short by barge-in), it offers the menu again.
-        if self.mode is _Mode.MENU and duration_ms >= 300:
+        # Only when nothing is queued: a turn that cut nothing (spoken before the agent talked)
+        # must not stack another menu behind the one playing (PlayoutFull after a few).
+        if self.mode is _Mode.MENU and duration_ms >= 300 and not self.call.queued_ms:
             self._say("menu")
 
     async def on_tool_result(self, result: ToolResult) -> None:

@@ -37,11 +37,19 @@ class BargeInConfig:
     enabled: bool = True
     min_speech_ms: int = 60
     dtmf: bool = True
+    turn_min_speech_ms: int = 0
+    """Speech a segment must hold to become a caller turn (voicegate/call/turns.py)."""
+    false_window_ms: int = 2500
+    """A speech barge-in with no committed caller turn this long after it is a false one."""
 
     def __post_init__(self) -> None:
-        if not 0 <= self.min_speech_ms <= 10_000:
+        for name in ("min_speech_ms", "turn_min_speech_ms"):
+            value = getattr(self, name)
+            if not 0 <= value <= 10_000:
+                raise BargeInConfigError(f"{name} must be between 0 and 10000, got {value}")
+        if not 200 <= self.false_window_ms <= 30_000:
             raise BargeInConfigError(
-                f"min_speech_ms must be between 0 and 10000, got {self.min_speech_ms}"
+                f"false_window_ms must be between 200 and 30000, got {self.false_window_ms}"
             )
 
 

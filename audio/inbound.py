@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from audio.evidence_vad import EvidenceVad
 from audio.frame import FRAME_RATES, Frame, FrameError, samples_per_frame
 from audio.resample import StreamResampler
 from audio.vad import VadConfig, VadEvent, VoiceActivity
@@ -60,7 +61,12 @@ class InboundPipeline:
         self.call_rate = call_rate
         self.agent_rate = agent_rate
         self.frame_bytes = samples_per_frame(call_rate) * 2
-        self.vad = VoiceActivity(call_rate, vad or VadConfig())
+        config = vad or VadConfig()
+        self.vad: VoiceActivity | EvidenceVad = (
+            EvidenceVad(call_rate, config)
+            if config.detector == "evidence"
+            else VoiceActivity(call_rate, config)
+        )
         # Only when the rates differ: an equal-rate StreamResampler would still copy every frame.
         self._resampler = (
             StreamResampler(call_rate, agent_rate) if call_rate != agent_rate else None

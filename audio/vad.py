@@ -30,6 +30,7 @@ import webrtcvad
 
 from audio.frame import FRAME_MS, FRAME_RATES, Frame, samples_per_frame
 
+DETECTORS: Final = ("evidence", "verdicts")
 VAD_FRAME_MS: Final = frozenset({10, 20, 30})
 """Frame durations webrtcvad accepts."""
 
@@ -67,8 +68,29 @@ class VadConfig:
     onset_ms: int = 60
     hangover_ms: int = 300
     warmup_ms: int = 200
+    detector: str = "evidence"
+    """``evidence`` (:class:`audio.evidence_vad.EvidenceVad`: verdicts that stand out of the
+    tracked noise floor, onset over a window) or ``verdicts`` (:class:`VoiceActivity`: webrtcvad's
+    verdicts with hysteresis, what voicegate did before issue 21)."""
+    margin_db: float = 8.0
+    """Evidence detector: how far above the noise floor a speech frame must be."""
+    window_ms: int = 160
+    """Evidence detector: speech starts when ``onset_ms`` of evidence lies within this window
+    (the window is never shorter than ``onset_ms``)."""
+    floor_rise_db_s: float = 3.0
+    """Evidence detector: how fast the noise floor may rise while webrtcvad hears speech."""
 
     def __post_init__(self) -> None:
+        if self.detector not in DETECTORS:
+            raise VadConfigError(f"detector must be evidence or verdicts, got {self.detector!r}")
+        if not 0.0 <= self.margin_db <= 40.0:
+            raise VadConfigError(f"margin_db must be between 0 and 40, got {self.margin_db}")
+        if not 0.1 <= self.floor_rise_db_s <= 60.0:
+            raise VadConfigError(
+                f"floor_rise_db_s must be between 0.1 and 60, got {self.floor_rise_db_s}"
+            )
+        if not FRAME_MS <= self.window_ms <= 2000:
+            raise VadConfigError(f"window_ms must be between 20 and 2000, got {self.window_ms}")
         if self.aggressiveness not in (0, 1, 2, 3):
             raise VadConfigError(f"aggressiveness must be 0, 1, 2 or 3, got {self.aggressiveness}")
         if self.frame_ms not in VAD_FRAME_MS:

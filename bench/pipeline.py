@@ -300,21 +300,26 @@ def components() -> None:
     """Where the inbound time goes, per 20 ms frame of speech (timeit, best of 5)."""
     import timeit
 
+    from audio.evidence_vad import EvidenceVad
     from audio.frame import Frame
     from audio.resample import StreamResampler
-    from audio.vad import VoiceActivity
+    from audio.vad import VadConfig, VoiceActivity
 
     speech = pcap_speech()[RATE : RATE + SPF]
     pcm8 = speech.tobytes()
     pcm16 = np.repeat(speech, 2).tobytes()
     up = StreamResampler(RATE, AGENT_RATE)
     vad = VoiceActivity(RATE)
+    evidence = EvidenceVad(RATE)
     same = InboundPipeline(AGENT_RATE, AGENT_RATE)
+    same_verdicts = InboundPipeline(AGENT_RATE, AGENT_RATE, VadConfig(detector="verdicts"))
     rows = [
         ("StreamResampler 8 -> 16 kHz", lambda: up.process(speech)),
         ("VoiceActivity (webrtcvad + level)", lambda: vad.process_pcm(pcm8, 0)),
+        ("EvidenceVad (webrtcvad + floor + window)", lambda: evidence.process_pcm(pcm8, 0)),
         ("Frame(...) for the agent", lambda: Frame(speech, RATE, 0)),
         ("whole pipeline, G.722 16 -> 16 kHz", lambda: same.process(pcm16, 0)),
+        ("the same with the verdicts detector", lambda: same_verdicts.process(pcm16, 0)),
     ]
     parts = []
     for label, fn in rows:

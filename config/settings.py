@@ -223,12 +223,62 @@ class AudioSettings:
         default=300,
         metadata=key(int_range(20, 5000), "Silence needed before speech counts as stopped, in ms"),
     )
+    vad_detector: str = field(
+        default="evidence",
+        metadata=key(
+            one_of("evidence", "verdicts"),
+            "How caller speech is told from line noise: evidence (webrtcvad frames that stand "
+            "vad_margin_db out of a tracked noise floor, onset over vad_window_ms) or verdicts "
+            "(webrtcvad's verdicts alone, the behaviour before issue 21; noise can cut the agent "
+            "off). evidence needs vad_frame_ms 20",
+        ),
+    )
+    vad_margin_db: float = field(
+        default=8.0,
+        metadata=key(
+            float_range(0, 40),
+            "Evidence detector: how far above the tracked noise floor a frame must be to count "
+            "as speech, in dB",
+        ),
+    )
+    vad_window_ms: int = field(
+        default=160,
+        metadata=key(
+            int_range(20, 2000),
+            "Evidence detector: speech starts when vad_onset_ms of evidence lies within the last "
+            "this many ms (never less than vad_onset_ms)",
+        ),
+    )
+    vad_floor_rise_db_per_s: float = field(
+        default=3.0,
+        metadata=key(
+            float_range(0.1, 60),
+            "Evidence detector: how fast the noise floor may rise while webrtcvad hears speech, "
+            "in dB per second (four times that on frames it calls noise)",
+        ),
+    )
+    turn_min_speech_ms: int = field(
+        default=240,
+        metadata=key(
+            int_range(0, 10000),
+            "Speech a segment must hold before it becomes a caller turn (shorter bursts are "
+            "never given to the agent as turns)",
+        ),
+    )
     barge_in: bool = field(
         default=True,
         metadata=key(boolean(), "Caller speech during a response interrupts it"),
     )
+    barge_in_false_window_ms: int = field(
+        default=2500,
+        metadata=key(
+            int_range(200, 30000),
+            "A speech barge-in not followed by a committed caller turn within this many ms is a "
+            "false interruption: the agent is told, with the position heard, and may resume",
+        ),
+    )
     barge_in_min_speech_ms: int = field(
-        default=120,
+        default=60,
         metadata=key(
             int_range(0, 10000),
             "Speech that must last this long before it interrupts (a cough does not)",
@@ -444,7 +494,9 @@ class SessionSettings:
         metadata=key(
             float_range(30, 86400),
             "How long a resume handle stays valid (one is issued when a session starts, on each "
-            "transfer, and to the tenant's API); each is used once (docs/tenants.md)",
+            "transfer, and to the tenant's API); each is used once. A caller transferred out may "
+            "be sent back with it for this long, and the session ends completed only then "
+            "(docs/tenants.md, Coming back)",
         ),
     )
 
@@ -793,6 +845,14 @@ def cross_check(s: Settings) -> list[CrossProblem]:
             CrossProblem(
                 ("session.heartbeat_s", "session.reap_after_s"),
                 "reap_after_s must be at least 3 x heartbeat_s",
+            )
+        )
+    if s.audio.vad_detector == "evidence" and s.audio.vad_frame_ms != 20:
+        # The evidence detector judges each 20 ms media frame as one webrtcvad frame.
+        problems.append(
+            CrossProblem(
+                ("audio.vad_detector", "audio.vad_frame_ms"),
+                'vad_detector = "evidence" needs vad_frame_ms = 20 (or use "verdicts")',
             )
         )
     problems.extend(agent_problems(s.agent, s.session))

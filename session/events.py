@@ -141,6 +141,35 @@ class TransferFinished(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class CallRejoined(Event):
+    """A caller transferred out came back on a new dialog with the session's resume handle
+    (session.away). ``generation`` is the session's new signaling generation (one more than
+    the last); ``via`` says where the handle was (``header``: X-Voicegate-Resume, ``uui``:
+    hex User-to-User); ``caller`` is masked. Never the handle itself."""
+
+    type: ClassVar[str] = "rejoined"
+    generation: int = 0
+    caller: str = ""
+    via: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class AwayExpired(Event):
+    """The resume handle of a session that is away ran out unused: the reaper ends it."""
+
+    type: ClassVar[str] = "away_expired"
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ResumeReused(Event):
+    """A used (rotated) resume handle of this session was presented again: it may have been
+    stolen, so write tools freeze until reconciliation (session.away)."""
+
+    type: ClassVar[str] = "resume_reused"
+
+
+@dataclass(frozen=True, slots=True)
 class CallerHangup(Event):
     type: ClassVar[str] = "caller_hangup"
 
@@ -241,6 +270,18 @@ class ResponseStarted(Event):
 class ResponseInterrupted(Event):
     type: ClassVar[str] = "response_interrupted"
     response_id: str = ""
+    heard_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class BargeInJudged(Event):
+    """What a speech barge-in turned out to be (issue 21): ``confirmed`` when a caller turn was
+    committed within the window after it, ``false`` when none was (noise, a cough) and the agent
+    was told it may resume; ``heard_ms`` of the cut response had been heard. A record only."""
+
+    type: ClassVar[str] = "barge_in_judged"
+    response_id: str = ""
+    outcome: str = ""
     heard_ms: int = 0
 
 
@@ -362,6 +403,9 @@ EVENT_TYPES: dict[str, type[Event]] = {
         ConsultAnswered,
         BridgeUp,
         BridgeEnded,
+        CallRejoined,
+        AwayExpired,
+        ResumeReused,
         CallerHangup,
         DialogFailed,
         AgentFailed,
@@ -376,6 +420,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         TurnCommitted,
         ResponseStarted,
         ResponseInterrupted,
+        BargeInJudged,
         ResponseFinished,
         ToolIntent,
         ToolRequestSent,

@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
-from session import bridge, ending, legs
+from session import away, bridge, ending, legs
 from session import effects as fx
 from session import events as ev
 from session.deadlines import Timer, arm, arm_no_input, drop, drop_all, forget
@@ -181,6 +181,9 @@ def _on_transfer_finished(state: SessionState, event: ev.TransferFinished, now: 
         # goes only now, after the final 2xx NOTIFY (RFC 5589 section 6). No prompt: the caller
         # is talking to someone else.
         state = replace(state, transfer_status=event.status or 200)
+        if away.may_go_away(state):
+            # Not the end yet: the caller may come back with the session's handle (session.away).
+            return away.go_away(state, now, out), out
         if state.outstanding:
             reason = f"transferred with {ending.unknown_outcomes(state)}"
             return ending.terminate(
@@ -363,6 +366,14 @@ def _on_response_finished(state: SessionState, event: ev.ResponseFinished, now: 
     if state.response is None or state.response.response_id != event.response_id:
         return state, _ignored(event, f"response {event.response_id} is not the active one")
     return end_response(state, event, event.response_id), []
+
+
+def _on_barge_in_judged(state: SessionState, event: ev.BargeInJudged, now: float) -> Result:
+    # A record for the log and the SRE: the cut already happened (ResponseInterrupted), and
+    # resuming is the agent's own new response, so nothing in the session moves.
+    if event.outcome not in ("confirmed", "false"):
+        raise IllegalTransition(state, event, f"outcome {event.outcome!r} is not confirmed/false")
+    return state, []
 
 
 # --- side effects -------------------------------------------------------------------------------
@@ -620,7 +631,9 @@ def _on_session_reaped(state: SessionState, event: ev.SessionReaped, now: float)
 # crash between the two writes): only the offer, and the endings an operator or the reaper give,
 # apply to it.
 ANYWHERE = frozenset(Signaling)
-AFTER_OFFER = ANYWHERE - {Signaling.NONE}
+AWAY = frozenset({Signaling.AWAY})  # transferred out, may come back (session.away)
+# Offered and not away: a session that is away has no dialog, so no dialog's events.
+AFTER_OFFER = ANYWHERE - {Signaling.NONE, Signaling.AWAY}
 BEFORE_OFFER = frozenset({Signaling.NONE})
 OFFERED = frozenset({Signaling.OFFERED})
 DIALOG_UP = frozenset({Signaling.UP})  # established, nothing else pending
@@ -689,6 +702,10 @@ TRANSITIONS: Mapping[type[ev.Event], Rule[Any]] = {rule.event: rule for rule in 
          Ignore("no transfer is in progress")),
     Rule(ev.BridgeUp, TRANSFERRING, bridge.on_bridge_up, Ignore("no transfer is in progress")),
     Rule(ev.BridgeEnded, BRIDGED, bridge.on_bridge_ended, Refuse("no bridge is up")),
+    Rule(ev.CallRejoined, AWAY, away.on_call_rejoined,
+         Refuse("only a session whose caller was transferred away is rejoined")),
+    Rule(ev.AwayExpired, AWAY, away.on_away_expired, Ignore("the session is not away")),
+    Rule(ev.ResumeReused, AFTER_OFFER | AWAY, away.on_resume_reused),
     Rule(ev.CallerHangup, AFTER_OFFER, _on_caller_hangup),
     Rule(ev.ServerHangup, AFTER_OFFER, _on_server_hangup),
     Rule(ev.DialogFailed, AFTER_OFFER, _on_dialog_failed),
@@ -706,6 +723,7 @@ TRANSITIONS: Mapping[type[ev.Event], Rule[Any]] = {rule.event: rule for rule in 
     Rule(ev.ResponseStarted, CALL_UP, _on_response_started, _NOT_UP),
     Rule(ev.ResponseInterrupted, AFTER_OFFER, _on_response_interrupted),
     Rule(ev.ResponseFinished, AFTER_OFFER, _on_response_finished),
+    Rule(ev.BargeInJudged, AFTER_OFFER, _on_barge_in_judged),
     # side effects: receipts still settle after the owner is lost (reconciliation)
     Rule(ev.ToolIntent, CALL_UP, _on_tool_intent, _NOT_UP),
     Rule(ev.ToolRequestSent, AFTER_OFFER, _on_tool_request_sent),
@@ -723,6 +741,7 @@ TRANSITIONS: Mapping[type[ev.Event], Rule[Any]] = {rule.event: rule for rule in 
 # fmt: on
 
 _NOT_OFFERED = "the call has not been offered"
+_AWAY = "the caller was transferred away: only a rejoin or an ending applies"
 
 
 def step(state: SessionState, event: ev.Event, now: float) -> Result:
@@ -742,6 +761,8 @@ def step(state: SessionState, event: ev.Event, now: float) -> Result:
     if state.signaling not in rule.legal_in:
         if state.signaling is Signaling.NONE:
             raise IllegalTransition(state, event, _NOT_OFFERED)
+        if state.signaling is Signaling.AWAY and isinstance(rule.elsewhere, Refuse):
+            raise IllegalTransition(state, event, _AWAY)
         if isinstance(rule.elsewhere, Ignore):
             return state, _ignored(event, rule.elsewhere.why)
         raise IllegalTransition(state, event, rule.elsewhere.why)

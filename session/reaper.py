@@ -6,6 +6,10 @@ takes over its lease, then appends a synthesized ``session_reaped`` event, which
 ``failed`` at stage ``process`` with what is known (outstanding tool intents are named and left
 for reconciliation, never assumed). Idempotent by construction: a reaped session is terminal, so
 it is never reaped again, and the take-over of an ended session is refused.
+A session that is away (session.away: transferred out, its caller may come back with the
+resume handle) has no owner touching it, and is not lost: the reaper leaves it alone until its
+handle's lifetime has run out, then ends it ``completed`` (``transferred``) with an
+``away_expired`` event instead of ``session_reaped``.
 A live owner's touches keep its session fresh, so the reaper leaves it alone. An owner that
 stalled past ``stale_after_s`` and comes back finds its lease taken: its late writes are refused
 (LeaseLost) and it stops, so the reaper's verdict is final and the log never forks.
@@ -16,7 +20,8 @@ from __future__ import annotations
 import logging
 
 from session.durable import DurableSession
-from session.events import SessionReaped
+from session.events import AwayExpired, SessionReaped
+from session.state import AWAY_STATUS, Signaling
 from session.store import (
     LeaseLost,
     SequenceConflict,
@@ -32,18 +37,29 @@ REASON_STALE = "the process serving the session stopped"
 REASON_PREDECESSOR = "the process serving the session exited before the session ended"
 
 
+REASON_AWAY_EXPIRED = "the resume handle expired unused"
+
+
+def _away(summary: SessionSummary) -> bool:
+    return summary.status.startswith(AWAY_STATUS)
+
+
 def reap_one(
     store: SessionStore, summary: SessionSummary, *, me: str, now: float, reason: str
 ) -> bool:
     """Take the session over as ``me`` and finalise it.
 
     False if it ended meanwhile or another writer got there first (it took the session over
-    after us, or ended it).
+    after us, or ended it), and for a session that is away (:func:`expire_away` ends those).
     """
+    if _away(summary):
+        return False
     try:
         session = DurableSession.take_over(store, summary.session_id, owner=me, now=now)
         if session.state.terminal:
             return False
+        if session.state.signaling is Signaling.AWAY:
+            return False  # went away after the summary was read
         session.apply(SessionReaped(reason), now)
     except (LeaseLost, SequenceConflict, SessionFinished):
         return False
@@ -87,3 +103,28 @@ def reap_predecessors(store: SessionStore, *, worker: str, me: str, now: float) 
             reaped.append(summary.session_id)
     return reaped
 
+
+
+def expire_away(store: SessionStore, *, me: str, now: float) -> list[str]:
+    """End every away session whose resume handle's lifetime is over: ``completed``
+    (``transferred``), as the transfer itself used to (session.away). A caller who rejoined
+    meanwhile moved the session on (its lease and log), so it is left alone. Idempotent."""
+    expired = []
+    for summary in store.open_sessions():
+        if not _away(summary):
+            continue
+        state = DurableSession.load(store, summary.session_id).state
+        if state.signaling is not Signaling.AWAY or state.away_until is None:
+            continue
+        if now < state.away_until:
+            continue
+        try:
+            session = DurableSession.take_over(store, summary.session_id, owner=me, now=now)
+            if session.state.signaling is not Signaling.AWAY:
+                continue  # rejoined between the read and the take-over
+            session.apply(AwayExpired(REASON_AWAY_EXPIRED), now)
+        except (LeaseLost, SequenceConflict, SessionFinished):
+            continue
+        log.info("session.away_expired", extra={"session_id": summary.session_id, "by": me})
+        expired.append(summary.session_id)
+    return expired

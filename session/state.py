@@ -33,6 +33,9 @@ class Signaling(enum.StrEnum):
     REINVITE_PENDING = "reinvite_pending"
     TRANSFERRING = "transferring"
     BRIDGED = "bridged"  # a bridged transfer: the caller talks to the target through us
+    # Transferred out (blind or attended) and our leg hung up, but the caller may come back with
+    # the session's resume handle until ``away_until`` (session.away): not terminal yet.
+    AWAY = "away"
     GONE = "gone"
 
 
@@ -56,9 +59,13 @@ class Gate(enum.StrEnum):
     CLOSED = "closed"
 
 
+# The start of status() for a session that is away: the reaper finds them by it (session.reaper).
+AWAY_STATUS = f"signaling {Signaling.AWAY.value}"
+
 # Terminal and TERMINAL_STATES live in session.vocabulary; imported here for the importers of
 # session.state (voicegate/control/http_api.py imports TERMINAL_STATES from here).
 __all__ = [
+    "AWAY_STATUS",
     "TERMINAL_STATES",
     "AgentLink",
     "Deadline",
@@ -90,6 +97,10 @@ class Policy:
     retry_max_attempts: int = 8
     # Our guard on a blind transfer's final NOTIFY (pjsua's own subscription waits 600 s).
     transfer_timeout_s: float = 60.0
+    # How long a resume handle lives (session.resume_ttl_s), so how long a caller transferred out
+    # may come back (session.away). 0, as in logs from before rejoin existed: a transfer that
+    # succeeds ends the session at once.
+    resume_ttl_s: float = 0.0
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Policy:
@@ -194,6 +205,10 @@ class SessionState:
     # The last transfer: its target and the last sipfrag status its NOTIFYs reported (0: none).
     transfer_target: str = ""
     transfer_status: int = 0
+    # Away (session.away): until when the caller may come back; and how many times a caller has
+    # rejoined this session (its signaling generation: each rejoin is a new dialog).
+    away_until: float | None = None
+    signaling_generation: int = 0
 
     # --- derived ---------------------------------------------------------------------------------
 
@@ -278,4 +293,7 @@ class SessionState:
             # Checkpoints written before transfers existed have neither.
             transfer_target=data.get("transfer_target", ""),
             transfer_status=data.get("transfer_status", 0),
+            # ... and checkpoints from before rejoin neither of these.
+            away_until=data.get("away_until"),
+            signaling_generation=data.get("signaling_generation", 0),
         )

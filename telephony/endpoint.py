@@ -32,7 +32,7 @@ from telephony.dial import place_call
 from telephony.dialog_end import DialogKey, DialogTerminator, Lingering
 from telephony.frame_copy import select_copier
 from telephony.half_open import HalfOpen
-from telephony.inbound_context import read_context
+from telephony.inbound_context import presented_handle, read_context
 from telephony.library import (
     EndpointConfig,
     LogWriter,
@@ -275,6 +275,15 @@ class SipEndpoint:
                     prm = pj.CallOpParam()
                     prm.statusCode = status
                     call.answer(prm)
+            case ev.Rekey(call_id=call_id, new_call_id=new_call_id):
+                # The session's previous call is gone from here before its id is reused: a
+                # rejoin is refused as busy while the runtime still has a call of that session,
+                # and the runtime drops a call only after PJSIP reported it DISCONNECTED.
+                call = self._calls.get(call_id)
+                if call is not None and new_call_id not in self._calls:
+                    del self._calls[call_id]
+                    call.call_id = new_call_id
+                    self._calls[new_call_id] = call
             case ev.Hangup(call_id=call_id, status=status, reason=reason):
                 call = self._calls.get(call_id)
                 if call is not None and call.getId() == pj.PJSUA_INVALID_ID:
@@ -374,6 +383,7 @@ class SipEndpoint:
                 transport=via_transport(whole),
                 context=read_context(whole).as_meta(),
                 tenant=decision.tenant,
+                resume=presented_handle(whole),
             )
         )
 

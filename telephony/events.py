@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from telephony.inbound_context import PresentedHandle
     from telephony.media_bridge import MediaChannel
 
 
@@ -44,6 +45,9 @@ class CallOffered:
     """What the session's metadata records of the INVITE's context headers
     (telephony.inbound_context): ``context`` and ``context_dropped``, or nothing."""
     tenant: str = "default"
+    resume: PresentedHandle | None = None
+    """The resume handle the INVITE presented (X-Voicegate-Resume or in hex User-to-User): the
+    call rejoins that session if it verifies (voicegate/call/rejoin.py), else it is refused."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,6 +236,15 @@ class Hangup:
 
 
 @dataclass(frozen=True, slots=True)
+class Rekey:
+    """Know call ``call_id`` as ``new_call_id`` from now on: a call that rejoins a session takes
+    the session's id (voicegate/call/rejoin.py), so its events reach that session's task."""
+
+    call_id: str
+    new_call_id: str
+
+
+@dataclass(frozen=True, slots=True)
 class Drain:
     """Refuse every new INVITE with 503 from now on (shutdown has begun)."""
 
@@ -297,4 +310,4 @@ class TransferReplaces:
     consult_id: str
 
 
-SipCommand = Answer | Hangup | Drain | ProbeDialog | Transfer | Dial | TransferReplaces
+SipCommand = Answer | Hangup | Drain | ProbeDialog | Transfer | Dial | TransferReplaces | Rekey

@@ -47,6 +47,54 @@ _PHONE = re.compile(r"^\+?[\d\s().-]{7,}$")
 _HEADER_LINE = re.compile(r"^([!-9;-~]+)\s*:(.*)$")
 
 
+# A handle as it may appear (session/resume.py's shape), inside a header value or decoded UUI.
+_HANDLE_TEXT = re.compile(rb"vgr1\.[0-9a-f]{16}\.[A-Za-z0-9_-]{43}")
+
+
+@dataclass(frozen=True, slots=True)
+class PresentedHandle:
+    """A resume handle an INVITE carried, for the rejoin to verify (voicegate/call/rejoin.py).
+    ``via``: ``header`` (X-Voicegate-Resume) or ``uui`` (hex User-to-User). ``text`` is a
+    secret: never logged, and left out of the repr."""
+
+    text: str
+    via: str
+
+    def __repr__(self) -> str:
+        return f"PresentedHandle(via={self.via!r})"
+
+
+def presented_handle(whole_msg: str) -> PresentedHandle | None:
+    """The resume handle an INVITE presents, if any: ``X-Voicegate-Resume`` first (its value as
+    sent, whatever its shape: a malformed one is refused as invalid, not ignored), else the
+    first handle inside hex User-to-User data (a centre may hand it back there)."""
+    uui: PresentedHandle | None = None
+    for name, value in _header_lines(whole_msg):
+        key = name.lower()
+        if key == RESUME_HEADER.lower():
+            return PresentedHandle(value.strip()[:MAX_VALUE_CHARS], "header")
+        if key == UUI_HEADER.lower() and uui is None:
+            found = _handle_in_uui(value)
+            if found is not None:
+                uui = PresentedHandle(found, "uui")
+    return uui
+
+
+def _handle_in_uui(uui: str) -> str | None:
+    for part in uui.split(","):
+        data = part.split(";", 1)[0].strip()
+        try:
+            decoded = bytes.fromhex(data if len(data) % 2 == 0 else "0" + data)
+        except ValueError:
+            continue
+        match = _HANDLE_TEXT.search(decoded)
+        if match is not None:
+            return match.group(0).decode("ascii")
+        if _HANDLE_PREFIX in decoded.lower():
+            return "vgr1.malformed"  # a handle's prefix without a handle's shape: invalid
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class InboundContext:
     """``headers``: the kept headers by canonical name (the first spelling seen), values as sent

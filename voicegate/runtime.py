@@ -33,7 +33,7 @@ from config.tenant_loader import tenants_of
 from config.tenants import DEFAULT_TENANT
 from config.tools import ToolSettings
 from session import effects as fx
-from session.reaper import reap_predecessors, reap_stale
+from session.reaper import expire_away, reap_predecessors, reap_stale
 from session.resume import ResumeRecord
 from session.state import Policy
 from session.store import SessionStore
@@ -48,6 +48,8 @@ from voicegate.call.clock import SessionClock
 from voicegate.call.hangup import HangupPlan
 from voicegate.call.legs import OutboundLeg, PlaceRefused, new_leg_offer
 from voicegate.call.live_call import LiveCall
+from voicegate.call.rejoin import Verdict
+from voicegate.call.rejoins import Rejoins
 from voicegate.call.transfer import TransferRefused
 from voicegate.faults import Faults
 from voicegate.observe.metrics import Metrics
@@ -202,6 +204,8 @@ class Runtime:
         # Bridge legs (voicegate/call/bridge.py): leg id -> the call it belongs to, until the
         # leg's dialog has ended. Each holds a call slot.
         self.legs: dict[str, str] = {}
+        # Calls that present a resume handle (voicegate/call/rejoins.py).
+        self.rejoins = Rejoins(self, self._start_rejoined, self._wall)
         self._tasks: set[asyncio.Task[None]] = set()
         self.sip: SipEndpoint | None = None
         self.sip_ready = False
@@ -227,9 +231,17 @@ class Runtime:
             frame_ms=a.vad_frame_ms,
             onset_ms=a.vad_onset_ms,
             hangover_ms=a.vad_hangover_ms,
+            detector=a.vad_detector,
+            margin_db=a.vad_margin_db,
+            window_ms=a.vad_window_ms,
+            floor_rise_db_s=a.vad_floor_rise_db_per_s,
         )
         barge = BargeInConfig(
-            enabled=a.barge_in, min_speech_ms=a.barge_in_min_speech_ms, dtmf=a.barge_in_dtmf
+            enabled=a.barge_in,
+            min_speech_ms=a.barge_in_min_speech_ms,
+            dtmf=a.barge_in_dtmf,
+            turn_min_speech_ms=a.turn_min_speech_ms,
+            false_window_ms=a.barge_in_false_window_ms,
         )
         return a.agent_rate, vad, barge
 
@@ -250,6 +262,7 @@ class Runtime:
             no_input_s=s.no_input_s,
             no_input_grace_s=s.no_input_grace_s,
             transfer_timeout_s=self.transfer_for(tenant).notify_timeout_s,
+            resume_ttl_s=s.resume_ttl_s,
         )
         return dataclasses.asdict(policy)
 
@@ -292,6 +305,12 @@ class Runtime:
         if reaped:
             self.metrics.sessions_reaped.labels("stale").inc(len(reaped))
             self.metrics.sessions_ended.labels(Terminal.FAILED).inc(len(reaped))
+        # Transferred sessions nobody came back to (session/away.py): completed, not reaped.
+        expired = await asyncio.wrap_future(
+            self.writer.submit(lambda store: expire_away(store, me=me, now=at))
+        )
+        if expired:
+            self.metrics.sessions_ended.labels(Terminal.COMPLETED).inc(len(expired))
         return reaped
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -424,8 +443,11 @@ class Runtime:
                     "call.refused",
                     extra={"status": status, "reason": reason, "caller": mask_uri(remote)},
                 )
-            case ev.CallOffered():
-                self._start_call(event)
+            case ev.CallOffered(resume=resume):
+                if resume is not None:
+                    self.rejoins.offered(event)
+                else:
+                    self._start_call(event)
             case ev.CallReferred():
                 self._start_referred(event)
             case ev.DialogEndedLocally():
@@ -437,7 +459,9 @@ class Runtime:
             case _:
                 call_id = getattr(event, "call_id", "")
                 call = self.calls.get(call_id)
-                if call is None and call_id in self.legs:
+                if call is None and call_id in self.rejoins:
+                    call = self.rejoins.route(call_id, event)
+                elif call is None and call_id in self.legs:
                     # A bridge's leg: its call handles it (voicegate/call/bridge.py).
                     call = self.calls.get(self.legs[call_id])
                     if isinstance(event, ev.CallEnded):
@@ -495,10 +519,18 @@ class Runtime:
     def adopt_leg(self, leg_id: str, call_id: str) -> None:
         self.legs[leg_id] = call_id
 
+    def _start_rejoined(self, offer: ev.CallOffered, verdict: Verdict) -> LiveCall:
+        return self._start_call(offer, rejoin=verdict)
+
     def _start_call(
-        self, offer: ev.CallOffered, outbound: OutboundLeg | None = None
+        self,
+        offer: ev.CallOffered,
+        outbound: OutboundLeg | None = None,
+        *,
+        rejoin: Verdict | None = None,
     ) -> LiveCall:
-        call = LiveCall(offer, self, self._agent_factories[offer.tenant], self._clock, outbound)
+        factory = self._agent_factories[offer.tenant]
+        call = LiveCall(offer, self, factory, self._clock, outbound, rejoin)
         self.calls[call.call_id] = call
         self._arm_ticker()
         task = asyncio.create_task(self._run_call(call), name=f"call-{call.call_id[:8]}")
@@ -519,6 +551,8 @@ class Runtime:
         finally:
             call.session_started.set()
             self.calls.pop(call.call_id, None)
+            if call.rejoin is not None:
+                self.rejoins.ended(call.call_id)
 
     def is_live(self, session_id: str) -> bool:
         return session_id in self.calls
@@ -595,6 +629,7 @@ class Runtime:
         for call in list(self.calls.values()):
             call.end(intent, after_playout=False)
         await self._wait_calls_done(_FORCED_END_WAIT_S)
+        await self.rejoins.stop()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -12,9 +12,10 @@ from tests.integration.rtp_capture import Capture, barge_in
 
 LOUD = 300.0  # RMS of a 20 ms A-law frame of prompt audio (silence decodes to +-8)
 VOICE = 60.0  # RMS from which the caller's capture counts as speech (its lead-in is +-8)
-# Configured: speech must last audio.barge_in_min_speech_ms (120) after the VAD's onset (60 ms)
-# before the cut. On top come SIPp's 20 ms packets, PJSIP's jitter buffer and the audio tick
-# (audio.tick_ms, 60 ms), which batches the frames VAD sees.
+# Configured: speech must hold audio.barge_in_min_speech_ms (60) of evidence, the VAD's onset
+# (60 ms) included, before the cut; the bound keeps the older 120 as headroom. On top come SIPp's
+# 20 ms packets, PJSIP's jitter buffer and the audio tick (audio.tick_ms, 60 ms), which batches
+# the frames VAD sees.
 MIN_SPEECH_MS = 120
 JITTER_AND_TICKS_MS = 250
 
@@ -60,6 +61,10 @@ def test_speech_over_the_greeting_cuts_it_for_good(
     assert types.index("response_interrupted") < len(types) - 1 - types[::-1].index(
         "response_started"
     )
-    assert server.metric("voicegate_barge_ins_total", reason="speech") == 1
+    # Judged once the caller's turn was committed: a confirmed barge-in, not a false one.
+    assert server.metric("voicegate_barge_ins_total", reason="speech", outcome="confirmed") == 1
+    assert server.metric("voicegate_barge_ins_total", reason="speech", outcome="false") == 0
+    judged = [e for e in events if e["type"] == "barge_in_judged"]
+    assert [e["payload"]["outcome"] for e in judged] == ["confirmed"]
     assert server.metric("voicegate_stale_frames_dropped_total") == 0
     assert server.metric("voicegate_barge_in_latency_seconds_count") == 1

@@ -54,7 +54,7 @@ def test_speech_and_dtmf_call_is_answered_listed_and_recorded(
     assert "response_started" in types
     first_cut = next(e for e in session["events"] if e["type"] == "response_interrupted")
     assert 0 < first_cut["payload"]["heard_ms"] < 3000
-    assert server.metric("voicegate_barge_ins_total", reason="speech") == 1
+    assert server.metric("voicegate_barge_ins_total", reason="speech", outcome="confirmed") == 1
     assert [e["seq"] for e in session["events"]] == list(range(1, len(types) + 1))
     assert server.metric("voicegate_calls_total", outcome="completed") == 1
     assert server.metric("voicegate_sessions_ended_total", terminal_state="completed") == 1

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
+from audio.evidence_vad import EvidenceVad
 from audio.frame import FrameError, samples_per_frame
 from audio.inbound import InboundPipeline, InboundResult
 from audio.vad import SpeechStarted, SpeechStopped, VadConfig, VoiceActivity
@@ -79,11 +80,12 @@ def test_equal_rates_pass_the_callers_samples_through_untouched() -> None:
     assert np.array_equal(joined(run(pipeline, x)), x)
 
 
-def test_vad_runs_on_the_call_rate_audio_with_the_configured_settings() -> None:
+@pytest.mark.parametrize("detector", ["evidence", "verdicts"])
+def test_vad_runs_on_the_call_rate_audio_with_the_configured_settings(detector: str) -> None:
     speech = np.concatenate([pcap_speech(), np.zeros(8000, dtype=np.int16)])
-    config = VadConfig(aggressiveness=3, onset_ms=40, hangover_ms=200)
+    config = VadConfig(aggressiveness=3, onset_ms=40, hangover_ms=200, detector=detector)
     results = run(InboundPipeline(8000, 16000, config), speech)
-    reference = VoiceActivity(8000, config)
+    reference = (EvidenceVad if detector == "evidence" else VoiceActivity)(8000, config)
     expected = [
         reference.process_pcm(speech[at : at + 160].tobytes(), at)
         for at in range(0, len(speech) - 159, 160)

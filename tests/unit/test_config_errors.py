@@ -83,6 +83,8 @@ def file_error(path: Path) -> ConfigError:
         ("VOICEGATE_LOG_LEVEL", "loud", "expected one of debug, info, warning, error"),
         ("VOICEGATE_LOG_FORMAT", "xml", "expected one of json, text"),
         ("VOICEGATE_LOG_PJSIP_LEVEL", "7", "expected an integer from 0 to 6"),
+        ("VOICEGATE_AUDIO_VAD_DETECTOR", "neural", "expected one of evidence, verdicts"),
+        ("VOICEGATE_AUDIO_VAD_MARGIN_DB", "50", "expected a number from 0 to 40"),
     ],
 )
 def test_bad_env_value(var: str, text: str, message: str) -> None:
@@ -343,3 +345,10 @@ def test_a_renamed_key_says_where_it_went(tmp_path: Path) -> None:
         "VOICEGATE_SIP_MAX_CALLS: unknown voicegate environment variable; "
         "it was renamed VOICEGATE_POOL_CALLS_PER_WORKER"
     )
+
+
+def test_the_evidence_detector_needs_20_ms_vad_frames() -> None:
+    err = env_error(VOICEGATE_AUDIO_VAD_FRAME_MS="30")
+    assert len(err.problems) == 1
+    assert "audio.vad_detector" in err.problems[0] and "audio.vad_frame_ms" in err.problems[0]
+    assert 'needs vad_frame_ms = 20 (or use "verdicts")' in err.problems[0]

@@ -3,7 +3,13 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from telephony.inbound_context import MAX_HEADERS, MAX_VALUE_CHARS, read_context
+from telephony.inbound_context import (
+    MAX_HEADERS,
+    MAX_VALUE_CHARS,
+    PresentedHandle,
+    presented_handle,
+    read_context,
+)
 
 
 def _invite(*headers: str) -> str:
@@ -112,3 +118,28 @@ def test_the_front_doors_source_header_is_not_the_callers_context() -> None:
     # Kamailio adds X-Voicegate-Source to every INVITE it relays: it is not a transfer context.
     ctx = read_context(_invite("X-Voicegate-Source: 203.0.113.7"))
     assert ctx.as_meta() == {}
+
+
+def test_the_handle_an_invite_presents_is_read_from_the_header_first_then_uui() -> None:
+    handle = "vgr1.0123456789abcdef." + "A" * 43
+    other = "vgr1.fedcba9876543210." + "B" * 43
+    uui = f"User-to-User: {other.encode().hex()};encoding=hex"
+    presented = presented_handle(_invite(uui, f"X-Voicegate-Resume: {handle}"))
+    assert presented == PresentedHandle(handle, "header")
+    assert presented_handle(_invite(uui)) == PresentedHandle(other, "uui")
+    # Around other UUI data, in one of several occurrences.
+    wrapped = f"User-to-User: 00ff, {('ref=' + other + ';').encode().hex()};encoding=hex"
+    assert presented_handle(_invite(wrapped)) == PresentedHandle(other, "uui")
+    assert presented_handle(_invite("User-to-User: 43432D31323334;encoding=hex")) is None
+    assert presented_handle(_invite()) is None
+    # The handle never shows in a repr (a log of the event, a traceback).
+    assert handle not in repr(presented) and "header" in repr(presented)
+
+
+def test_a_malformed_handle_is_presented_as_is_to_be_refused_as_invalid() -> None:
+    assert presented_handle(_invite("X-Voicegate-Resume: not-a-handle")) == PresentedHandle(
+        "not-a-handle", "header"
+    )
+    broken = "User-to-User: " + b"vgr1.short".hex() + ";encoding=hex"
+    found = presented_handle(_invite(broken))
+    assert found is not None and found.via == "uui" and found.text.startswith("vgr1.")

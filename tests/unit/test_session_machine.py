@@ -9,7 +9,7 @@ pin bugs found in the machine; each fails until that bug is fixed (``strict`` th
 from __future__ import annotations
 
 import json
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import Any, ClassVar
 
 import pytest
@@ -852,6 +852,7 @@ SAMPLES: list[ev.Event] = [
     ev.TurnCommitted("t1"),
     ev.ResponseStarted("r1", "t1"),
     ev.ResponseInterrupted("r1", 250),
+    ev.BargeInJudged("r1", "false", 250),
     ev.ResponseFinished("r1", 900),
     ev.ToolIntent("k1", "book", "read", "abc", "t1"),
     ev.ToolRequestSent("k1"),
@@ -863,6 +864,9 @@ SAMPLES: list[ev.Event] = [
     ev.OperatorResolution("needs_human", "called back"),
     ev.OwnerLost("the process serving the call died"),
     ev.SessionReaped("worker died"),
+    ev.CallRejoined(1, "******1234", "header"),
+    ev.AwayExpired("the resume handle expired unused"),
+    ev.ResumeReused(),
 ]
 
 
@@ -1011,3 +1015,12 @@ def test_an_agent_that_fails_with_a_tool_call_in_flight_needs_a_human() -> None:
     assert state.ended is not None
     assert (state.ended.terminal_state, state.ended.stage) == ("needs_human", "agent")
     assert fx.Say("outcome_unknown") in effects
+
+
+def test_a_judged_barge_in_is_a_record_that_moves_nothing_but_the_version() -> None:
+    state = answered()
+    for outcome in ("confirmed", "false"):
+        after, effects = step(state, ev.BargeInJudged("r1", outcome, 250), 5.0)
+        assert effects == [] and after == replace(state, version=state.version + 1)
+    with pytest.raises(IllegalTransition, match="bogus"):
+        step(state, ev.BargeInJudged("r1", "bogus", 250), 5.0)

@@ -17,6 +17,7 @@ import json
 from dataclasses import replace
 from typing import Any
 
+import hypothesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -81,6 +82,9 @@ POLICIES: st.SearchStrategy[dict[str, float]] = st.fixed_dictionaries(
         "retry_max_attempts": st.integers(0, 5),
         "no_input_s": st.sampled_from([0.0, 5.0, 30.0]),
         "no_input_grace_s": st.sampled_from([1.0, 10.0]),
+        # 0: a transfer that succeeds ends the session (logs from before rejoin); else it is
+        # away until then (session.away).
+        "resume_ttl_s": st.sampled_from([0.0, 600.0, 2.0]),
     },
 )
 
@@ -153,6 +157,12 @@ def blind_strategies(generation: int, current_attempt: int) -> EventStrategies:
         ev.ResponseFinished: st.builds(
             ev.ResponseFinished, response_id=response_ids, heard_ms=st.just(900)
         ),
+        ev.BargeInJudged: st.builds(
+            ev.BargeInJudged,
+            response_id=response_ids,
+            outcome=st.sampled_from(["confirmed", "false", "bogus"]),
+            heard_ms=st.just(120),
+        ),
         ev.ToolIntent: st.builds(
             ev.ToolIntent,
             key=keys,
@@ -180,6 +190,13 @@ def blind_strategies(generation: int, current_attempt: int) -> EventStrategies:
             name=st.sampled_from(DEADLINE_NAMES),
             generation=st.one_of(gen, st.just(0)),
         ),
+        ev.CallRejoined: st.builds(
+            ev.CallRejoined,
+            generation=st.integers(0, 3),
+            caller=st.just("******1234"),
+            via=st.sampled_from(["header", "uui"]),
+        ),
+        ev.ResumeReused: st.just(ev.ResumeReused()),
     }
 
 
@@ -211,6 +228,7 @@ ENDING_STRATEGIES: EventStrategies = {
     ),
     ev.OwnerLost: st.builds(ev.OwnerLost, reason=st.just("the process serving the call died")),
     ev.SessionReaped: st.builds(ev.SessionReaped, reason=st.just("worker died")),
+    ev.AwayExpired: st.builds(ev.AwayExpired, reason=st.just("the resume handle expired unused")),
     ev.RecoveryProbed: st.builds(
         lambda g, answer: ev.RecoveryProbed(g, 0, *answer),
         st.integers(1, 2),
@@ -225,6 +243,15 @@ ENDING_EVENTS: st.SearchStrategy[ev.Event] = st.one_of(list(ENDING_STRATEGIES.va
 
 
 def lifecycle_events(state: SessionState) -> list[ev.Event]:
+    if state.signaling == "away":
+        # Coming back (the right generation, or a stale one), a reuse, or the handle's end.
+        g = state.signaling_generation
+        return [
+            ev.CallRejoined(g + 1, "******1234", "header"),
+            ev.CallRejoined(g, "******1234", "uui"),
+            ev.ResumeReused(),
+            ev.AwayExpired("the resume handle expired unused"),
+        ]
     recovery = state.recovery
     if recovery is None:
         # Interruptions; more of them during a recovery come from blind draws.
@@ -246,7 +273,11 @@ def lifecycle_events(state: SessionState) -> list[ev.Event]:
         "media": [ev.MediaRestored(g)],
         "agent_link": [ev.AgentLinkRestored(g)],
         "reinvite": [ev.ReinviteFinished(g, ok=True), ev.ReinviteFinished(g, ok=False)],
-        "transfer": [ev.TransferProgress(180), ev.TransferFinished(g, ok=False)],
+        "transfer": [
+            ev.TransferProgress(180),
+            ev.TransferFinished(g, ok=False),
+            ev.TransferFinished(g, ok=True),
+        ],
     }
     for kind in recovery.interruptions:
         events += restores[kind]
@@ -295,6 +326,7 @@ def ending_probes(state: SessionState) -> list[ev.Event]:
         ev.SessionReaped("worker died"),
         *(ev.OperatorResolution(terminal, "checked") for terminal in TERMINAL_STATES),
         *(ev.ToolReceipt(key, "unknown") for key in state.outstanding_keys()),
+        ev.AwayExpired("the resume handle expired unused"),
     ]
     if state.recovery is not None:
         probes += [
@@ -307,6 +339,10 @@ def ending_probes(state: SessionState) -> list[ev.Event]:
     if "max_duration" in state.deadlines:
         probes.append(ev.DeadlineFired("max_duration", 0))
     return probes
+
+
+def away_may_return(state: SessionState) -> bool:
+    return state.policy.resume_ttl_s > 0 and not state.outstanding
 
 
 def roundtrip(state: SessionState) -> SessionState:
@@ -534,6 +570,9 @@ class SessionProperties(RuleBasedStateMachine):
                 assert effects == []
                 assert replace(after, version=before.version) == before
 
+        # Away and back (session.away).
+        self.check_away(before, event, after, effects)
+
         # Versions: +1 per logged event; stale events change nothing at all.
         if is_stale(effects):
             assert after.version == before.version
@@ -556,7 +595,68 @@ class SessionProperties(RuleBasedStateMachine):
             if after.ended.terminal_state in ("completed", "canceled"):
                 assert all(o.stage != "unknown" for o in after.outstanding)
 
+    def check_away(
+        self,
+        before: SessionState,
+        event: ev.Event,
+        after: SessionState,
+        effects: list[fx.Effect],
+    ) -> None:
+        if before.signaling == "away" and not is_stale(effects):
+            # Nobody is on the line: only a rejoin, a reuse's freeze or an ending is accepted.
+            assert isinstance(
+                event,
+                ev.CallRejoined | ev.ResumeReused | ev.AwayExpired | ev.OperatorResolution
+                | ev.SessionReaped,
+            ), event
+            assert not any(isinstance(e, fx.Say | fx.HangUp | fx.SendToolRequest) for e in effects)
+        if after.signaling == "away" and before.signaling != "away":
+            # A transfer that succeeded, with a handle that may bring the caller back.
+            assert isinstance(event, ev.TransferFinished) and event.ok
+            assert before.policy.resume_ttl_s > 0 and not before.outstanding
+            assert after.away_until == self.now + before.policy.resume_ttl_s
+            assert fx.HangUp("transferred") in effects and fx.ReleaseMedia() in effects
+            assert not any(isinstance(e, fx.Finished) for e in effects)
+            hypothesis.event("went away")
+        if isinstance(event, ev.TransferFinished) and event.ok and after.signaling != "away":
+            # Without a handle's lifetime (old logs) or with a tool outcome unknown: ended.
+            assert is_stale(effects) or after.ended is not None
+            assert is_stale(effects) or not away_may_return(before)
+        if isinstance(event, ev.CallRejoined) and not is_stale(effects):
+            assert before.signaling == "away"
+            assert event.generation == before.signaling_generation + 1
+            assert before.away_until is not None and self.now < before.away_until
+            assert after.signaling == "offered" and after.away_until is None
+            assert after.signaling_generation == event.generation
+            # Reconciliation first (seed 000): the gate opens only with nothing outstanding.
+            assert after.gate is (Gate.OPEN if not after.outstanding else Gate.RECONCILING)
+            assert after.turn is None and after.response is None and after.recovery is None
+            hypothesis.event("rejoined")
+        if isinstance(event, ev.AwayExpired) and not is_stale(effects):
+            assert before.away_until is not None and self.now >= before.away_until
+            assert after.ended is not None
+            assert (after.ended.terminal_state, after.ended.reason) == ("completed", "transferred")
+            hypothesis.event("away expired")
+        if isinstance(event, ev.ResumeReused) and not is_stale(effects) and not before.terminal:
+            # Possibly a stolen handle: writes freeze; only reconciliation may open the gate.
+            assert after.gate is not Gate.OPEN or not before.outstanding
+            if before.gate is not Gate.CLOSED:
+                assert any(
+                    isinstance(e, fx.GateChanged) and e.new == "frozen" for e in effects
+                ) or before.gate is Gate.FROZEN
+
     # --- invariants ------------------------------------------------------------------------------
+
+    @invariant()
+    def away_is_quiet(self) -> None:
+        state = self.state
+        if state.signaling == "away":
+            assert state.ended is None and state.away_until is not None
+            assert state.gate is Gate.FROZEN and state.recovery is None and not state.deadlines
+            assert state.turn is None and state.response is None and not state.outstanding
+            assert state.media != "flowing" and state.agent_link == "closed"
+        else:
+            assert state.away_until is None
 
     @invariant()
     def terminal_state_is_final(self) -> None:

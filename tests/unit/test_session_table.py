@@ -13,7 +13,7 @@ import pytest
 
 from session import effects as fx
 from session import events as ev
-from session.machine import TRANSITIONS, Ignore, IllegalTransition, Refuse, step
+from session.machine import _AWAY, TRANSITIONS, Ignore, IllegalTransition, Refuse, step
 from session.state import SessionState, Signaling
 
 SID = "table"
@@ -40,6 +40,13 @@ IN_STATE: dict[Signaling, Callable[[], SessionState]] = {
         OFFER, ANSWER, (ev.TransferStarted("sip:d@x", "bridge"), 2.0), (ev.BridgeUp(1), 3.0)
     ),
     Signaling.GONE: lambda: _fold(OFFER, ANSWER, (ev.OwnerLost("died"), 2.0)),
+    # A blind transfer that succeeded while a resume handle may bring the caller back.
+    Signaling.AWAY: lambda: _fold(
+        (ev.CallOffered("+15550001234", "service", {"resume_ttl_s": 600.0}), 0.0),
+        ANSWER,
+        (ev.TransferStarted("sip:d@x"), 2.0),
+        (ev.TransferFinished(1, ok=True, status=200), 3.0),
+    ),
 }
 
 
@@ -80,6 +87,8 @@ def test_an_event_outside_its_states_is_refused_or_ignored_as_its_rule_says(
     rule = TRANSITIONS[event_type]
     if signaling is Signaling.NONE:
         expected: Refuse | Ignore = Refuse("the call has not been offered")
+    elif signaling is Signaling.AWAY and isinstance(rule.elsewhere, Refuse):
+        expected = Refuse(_AWAY)
     else:
         expected = rule.elsewhere
     if isinstance(expected, Ignore):

@@ -9,7 +9,7 @@ exception of a handler into :class:`AgentCrashed`, which the call's task catches
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from agents.base import (
@@ -68,6 +68,9 @@ class GuardedAgent(Agent):
     async def on_start(self) -> None:
         await self._call("on_start", self.inner.on_start)
 
+    async def on_rejoined(self, heard_last: str, results: Sequence[ToolResult]) -> None:
+        await self._call("on_rejoined", self.inner.on_rejoined, heard_last, results)
+
     async def on_dtmf(self, digit: str) -> None:
         await self._call("on_dtmf", self.inner.on_dtmf, digit)
 
@@ -82,6 +85,9 @@ class GuardedAgent(Agent):
 
     async def on_response_interrupted(self, heard_ms: int) -> None:
         await self._call("on_response_interrupted", self.inner.on_response_interrupted, heard_ms)
+
+    async def on_false_interruption(self, heard_ms: int) -> None:
+        await self._call("on_false_interruption", self.inner.on_false_interruption, heard_ms)
 
     async def on_stop(self) -> None:
         await self._call("on_stop", self.inner.on_stop)

@@ -10,6 +10,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+from numpy.typing import NDArray
+
 from session import events as sev
 from voicegate.call.acting import SessionSteps
 from voicegate.call.call_state import CallState
@@ -59,6 +62,9 @@ class AgentControl:
 
     def respond(self) -> ResponseHandle:
         return self._responses.respond()
+
+    def prompt(self, name: str) -> NDArray[np.int16]:
+        return self._services.prompt(name, self.rate)
 
     def _admitted(self) -> None:
         if self._tools.receipts_seen:

@@ -39,6 +39,7 @@ from voicegate.call.hangup import HangingUp, HangupPlan
 from voicegate.call.hold import HoldAudio
 from voicegate.call.legs import OutboundLeg, unanswered_outcome
 from voicegate.call.notices import AgentNotice, AgentNotices
+from voicegate.call.rejoin import Verdict
 from voicegate.call.responses import Responses
 from voicegate.call.resume import CallResume
 from voicegate.call.services import CallServices
@@ -69,10 +70,14 @@ class LiveCall:
         agent_factory: AgentFactory,
         clock: SessionClock,
         outbound: OutboundLeg | None = None,
+        rejoin: Verdict | None = None,
     ) -> None:
         self.offer = offer
         self.call_id = offer.call_id
         self.outbound = outbound
+        # A caller back with the session's handle (voicegate/call/rejoin.py): the session was
+        # taken over already, and ``offer.call_id`` is its id.
+        self.rejoin = rejoin
         self._services = services
         self._agent_factory = agent_factory
         self._clock = clock
@@ -234,6 +239,11 @@ class LiveCall:
         if lost is not None:
             self._steps.lose_lease(lost)
 
+    def resume_reused(self) -> None:
+        """A used handle of this session came back: possibly stolen, so writes freeze until
+        reconciled (session/away.py)."""
+        self._steps.try_apply(sev.ResumeReused())
+
     def stop_playback(self) -> None:
         """Cut the response being played (the runtime's shutdown notice goes next)."""
         self._responses.interrupt(reason="ending")
@@ -263,45 +273,11 @@ class LiveCall:
     # --- the task -------------------------------------------------------------------------------
 
     async def run(self) -> None:
+        if self.rejoin is not None:
+            self._start_rejoined(self.rejoin)
+        else:
+            await self._start_session()
         services = self._services
-        caller = mask_uri(self.offer.remote_uri)
-        meta: dict[str, object] = {
-            # An outbound leg's remote party is the one called (voicegate/call/legs.py).
-            ("callee" if self.outbound else "caller"): caller,
-            "called_user": self.offer.called_user,
-            "transport": self.offer.transport,
-            "sip_call_id": self.offer.sip_call_id,
-            # A call transferred in: the centre's User-to-User and X- headers, bounded and
-            # validated on the SIP thread (telephony.inbound_context).
-            **self.offer.context,
-        }
-        tenant = self.offer.tenant
-        offered: sev.Event = sev.CallOffered(
-            caller=caller, called_user=self.offer.called_user, policy=services.policy(tenant)
-        )
-        if self.outbound is not None:
-            meta["direction"] = "outbound"
-            if self.outbound.referred_by:
-                meta["referred_by"] = self.outbound.referred_by  # RFC 3515: a referenced call
-            offered = sev.CallPlaced(caller, self.outbound.ring_timeout_s, services.policy(tenant))
-        call_id, owner, at = self.call_id, services.owner, self.started_at
-        lease = await asyncio.wrap_future(
-            services.writer.submit(
-                lambda store: store.create(call_id, owner=owner, meta=meta, at=at, tenant=tenant)
-            )
-        )
-        self._state.session = DurableSession(services.store, SessionState(call_id), lease)
-        self._steps.apply(offered)
-        services.metrics.calls_offered.inc()
-        services.metrics.calls_active.inc()
-        # Context values stay out of the log (a centre may put anything in an X- header): their
-        # names say enough there; the session's metadata has them.
-        said = {k: v for k, v in meta.items() if k not in ("context", "context_dropped")}
-        context = self.offer.context.get("context")
-        if isinstance(context, dict) and context:
-            said["context_headers"] = sorted(context)
-        log.info("call.offered", extra={"call_id": self.call_id, **said})
-        self.resume.issue("start", lambda _handle: None)
         # The session is durable before the caller hears anything from us.
         await self._steps.settled()
         self.session_started.set()
@@ -345,6 +321,70 @@ class LiveCall:
                 self._finish_without_dialog("server stopped before the call ended")
             self.session_started.set()
             self.done.set()
+
+    def _start_rejoined(self, rejoin: Verdict) -> None:
+        """The session taken over for this call: record the rejoin (its next signaling
+        generation); the session reconciles before anything new runs (session/away.py)."""
+        session = rejoin.session
+        assert session is not None and session.lease is not None
+        self._state.session = session
+        generation = session.state.signaling_generation + 1
+        via = self.offer.resume.via if self.offer.resume else ""
+        self._steps.apply(sev.CallRejoined(generation, mask_uri(self.offer.remote_uri), via))
+        self.resume.current = rejoin.successor
+        self._services.metrics.calls_offered.inc()
+        self._services.metrics.calls_active.inc()
+        log.info(
+            "call.rejoined",
+            extra={
+                "call_id": self.call_id,
+                "generation": generation,
+                "via": via,
+                "epoch": session.lease.epoch,
+                "caller": mask_uri(self.offer.remote_uri),
+            },
+        )
+
+    async def _start_session(self) -> None:
+        services = self._services
+        caller = mask_uri(self.offer.remote_uri)
+        meta: dict[str, object] = {
+            # An outbound leg's remote party is the one called (voicegate/call/legs.py).
+            ("callee" if self.outbound else "caller"): caller,
+            "called_user": self.offer.called_user,
+            "transport": self.offer.transport,
+            "sip_call_id": self.offer.sip_call_id,
+            # A call transferred in: the centre's User-to-User and X- headers, bounded and
+            # validated on the SIP thread (telephony.inbound_context).
+            **self.offer.context,
+        }
+        tenant = self.offer.tenant
+        offered: sev.Event = sev.CallOffered(
+            caller=caller, called_user=self.offer.called_user, policy=services.policy(tenant)
+        )
+        if self.outbound is not None:
+            meta["direction"] = "outbound"
+            if self.outbound.referred_by:
+                meta["referred_by"] = self.outbound.referred_by  # RFC 3515: a referenced call
+            offered = sev.CallPlaced(caller, self.outbound.ring_timeout_s, services.policy(tenant))
+        call_id, owner, at = self.call_id, services.owner, self.started_at
+        lease = await asyncio.wrap_future(
+            services.writer.submit(
+                lambda store: store.create(call_id, owner=owner, meta=meta, at=at, tenant=tenant)
+            )
+        )
+        self._state.session = DurableSession(services.store, SessionState(call_id), lease)
+        self._steps.apply(offered)
+        services.metrics.calls_offered.inc()
+        services.metrics.calls_active.inc()
+        # Context values stay out of the log (a centre may put anything in an X- header): their
+        # names say enough there; the session's metadata has them.
+        said = {k: v for k, v in meta.items() if k not in ("context", "context_dropped")}
+        context = self.offer.context.get("context")
+        if isinstance(context, dict) and context:
+            said["context_headers"] = sorted(context)
+        log.info("call.offered", extra={"call_id": self.call_id, **said})
+        self.resume.issue("start", lambda _handle: None)
 
     def _agent_failed(self, crash: AgentCrashed) -> None:
         """The agent raised: the session ends failed at stage agent and the caller is told; the
@@ -471,7 +511,11 @@ class LiveCall:
         )
         agent = self._state.agent = make_agent(self._agent_factory, context, self.control)
         self._turns.agent_takes_audio = takes_audio(agent.inner)
-        await agent.on_start()
+        if self.rejoin is not None:
+            # Reclaim, don't resend (seed 004): what exists is read back, nothing is re-run.
+            await agent.on_rejoined(self.rejoin.heard_last, self.rejoin.results)
+        else:
+            await agent.on_start()
 
     async def _on_tick(self) -> None:
         channel = self.channel

@@ -134,4 +134,6 @@ class AgentNotices:
     def _ending_reason(self) -> str:
         state = self._state.session_state
         ended = state.ended if state else None
+        if state is not None and state.away_until is not None:
+            return "transferred"  # away, not ended: the caller may come back (session/away.py)
         return ended.reason if ended else "call ended"

@@ -1,13 +1,18 @@
 """The caller's turns: caller audio through VAD to the agent, barge-in, and DTMF turns.
 
-Caller speech is a turn started at its onset and committed when it stops; a key press is a
-whole turn at once. Speech or a key over the agent's response cuts it (audio/barge_in.py).
+Caller speech is a turn once its segment holds ``audio.turn_min_speech_ms`` of speech (a shorter
+burst is never a turn), committed when it stops; a key press is a whole turn at once. Speech or a
+key over the agent's response cuts it (audio/barge_in.py). A speech cut is then judged (issue 21):
+``confirmed`` once a caller turn is committed, ``false`` when ``audio.barge_in_false_window_ms``
+pass on the caller's audio clock without one (and no turn is still being spoken); the agent is
+told of a false one with what had been heard, so that it can pick up where it was cut.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 
 from audio.barge_in import BargeIn, latency_ms, onset_ns
 from audio.inbound import InboundPipeline
@@ -21,6 +26,17 @@ from voicegate.call.responses import Responses
 from voicegate.call.services import CallServices
 
 log = logging.getLogger("voicegate.call")
+
+
+@dataclass(slots=True)
+class _Cut:
+    """A speech barge-in not yet judged: the response it cut, what had been heard of it, and the
+    inbound sample index by which a caller turn must be committed."""
+
+    response_id: str
+    heard_ms: int
+    deadline: int
+    committed: bool = False
 
 
 class CallerTurns:
@@ -48,6 +64,8 @@ class CallerTurns:
         self.agent_takes_audio = False
         self._speech_turn: str | None = None
         self._speech_onset_ms = 0.0
+        self._in_segment = False
+        self._cut: _Cut | None = None
         # True while the agent handles a key press: a tool request made then is approved by it.
         self.in_dtmf = False
 
@@ -80,9 +98,12 @@ class CallerTurns:
             decision = self._barge.on_frame(
                 result.vad_event, result.speech_ms, channel.playout.playing
             )
+            now_ts = timestamp + samples_per_frame
             if decision is not None and decision.response_id == self._responses.response_id:
-                self._barge_in("speech", decision.onset_timestamp, timestamp + samples_per_frame)
-            await self._on_vad(result.vad_event)
+                self._barge_in("speech", decision.onset_timestamp, now_ts)
+            await self._on_vad(result.vad_event, result.speech_ms)
+            if self._cut is not None:
+                await self._judge(now_ts)
             if state.agent is not None and result.frame_for_agent is not None:
                 await state.agent.on_audio(result.frame_for_agent)
 
@@ -90,36 +111,75 @@ class CallerTurns:
         channel = self._state.channel
         assert channel is not None
         detected_ns = time.monotonic_ns()
+        response_id = self._responses.response_id or ""
         heard = self._responses.interrupt()
         if heard is None:
             return
         metrics = self._services.metrics
-        metrics.barge_ins.labels(reason).inc()
         if reason == "speech":
             started = onset_ns(detected_ns, onset, detected_at, channel.rate)
             latency = latency_ms(started, channel.playout.last_audio_pull_ns)
             metrics.barge_in_latency.observe(latency / 1000)
+            window = self._barge.config.false_window_ms * channel.rate // 1000
+            self._cut = _Cut(response_id, heard, detected_at + window)
+        else:
+            # A key press is a committed caller turn at once: never a false interruption.
+            metrics.barge_ins.labels(reason, "confirmed").inc()
         log.info(
             "call.barge_in",
             extra={"call_id": self._state.call_id, "reason": reason, "heard_ms": heard},
         )
 
-    async def _on_vad(self, event: SpeechStarted | SpeechStopped | None) -> None:
-        """Caller speech is a caller turn: started at onset, committed when it stops."""
+    async def _on_vad(self, event: SpeechStarted | SpeechStopped | None, speech_ms: int) -> None:
+        """A speech segment becomes a caller turn once it holds ``turn_min_speech_ms`` of speech
+        (dated from its onset), and is committed when it stops; a shorter one is dropped."""
         agent = self._state.agent
-        if event is None or agent is None:
+        if agent is None:
             return
         if isinstance(event, SpeechStarted):
+            self._in_segment = True
+            self._speech_onset_ms = event.timestamp_ms
+        if (
+            self._in_segment
+            and self._speech_turn is None
+            and speech_ms >= self._barge.config.turn_min_speech_ms
+        ):
+            self._in_segment = False
             self._turns += 1
             turn_id = f"t{self._turns}"
             if self._steps.try_apply(sev.TurnStarted(turn_id)):
                 self._speech_turn = turn_id
-            self._speech_onset_ms = event.timestamp_ms
-            await agent.on_speech_started()
-        elif self._speech_turn is not None:
-            turn_id, self._speech_turn = self._speech_turn, None
-            if self._steps.try_apply(sev.TurnCommitted(turn_id)):
-                await agent.on_speech_turn(round(event.timestamp_ms - self._speech_onset_ms))
+                await agent.on_speech_started()
+        if isinstance(event, SpeechStopped):
+            self._in_segment = False
+            if self._speech_turn is not None:
+                turn_id, self._speech_turn = self._speech_turn, None
+                if self._steps.try_apply(sev.TurnCommitted(turn_id)):
+                    if self._cut is not None:
+                        self._cut.committed = True
+                    await agent.on_speech_turn(round(event.timestamp_ms - self._speech_onset_ms))
+
+    async def _judge(self, now_ts: int) -> None:
+        """Settle the pending speech cut: confirmed by a committed turn, false past its window
+        with no turn committed or being spoken."""
+        cut = self._cut
+        assert cut is not None
+        if cut.committed:
+            outcome = "confirmed"
+        elif now_ts >= cut.deadline and self._speech_turn is None:
+            outcome = "false"
+        else:
+            return
+        self._cut = None
+        self._services.metrics.barge_ins.labels("speech", outcome).inc()
+        self._steps.try_apply(sev.BargeInJudged(cut.response_id, outcome, cut.heard_ms))
+        log.info(
+            "call.barge_in_judged",
+            extra={"call_id": self._state.call_id, "outcome": outcome, "heard_ms": cut.heard_ms},
+        )
+        agent = self._state.agent
+        if outcome == "false" and agent is not None and self._hangup.plan is None:
+            await agent.on_false_interruption(cut.heard_ms)
 
     async def on_dtmf(self, digit: str) -> None:
         state = self._state
@@ -138,6 +198,10 @@ class CallerTurns:
             # The caller pressed a key: whatever they were saying is a finished turn.
             speech_turn, self._speech_turn = self._speech_turn, None
             self._steps.try_apply(sev.TurnCommitted(speech_turn))
+        self._in_segment = False
+        if self._cut is not None:
+            # The key press is the caller's committed turn: the speech cut before it was real.
+            self._cut.committed = True
         # A key press is a whole caller turn: started and committed at once.
         self._turns += 1
         turn_id = f"t{self._turns}"

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from session.durable import DurableSession
+from session.state import Signaling
 from session.store import EventRecord, SessionStore
 from telephony.sip_message import mask_uri
 
@@ -69,6 +70,9 @@ def handoff(store: SessionStore, session_id: str, *, live: bool) -> dict[str, An
     ended = state.ended
     if ended is not None:
         why = ended.reason
+    elif state.signaling is Signaling.AWAY:
+        # Transferred out, and the caller may come back with the handle (session/away.py).
+        why = "transferred"
     elif state.recovery is not None:
         why = f"recovering {'+'.join(state.recovery.interruptions)}"
     else:
@@ -85,6 +89,7 @@ def handoff(store: SessionStore, session_id: str, *, live: bool) -> dict[str, An
         "state": ended.terminal_state if ended is not None else None,
         "stage": ended.stage if ended is not None else None,
         "status": state.status(),
+        "away_until": state.away_until,
         "transfer": None
         if not state.transfer_target
         else {

@@ -20,6 +20,7 @@ from prometheus_client import (
 
 from agents.base import AGENT_CALLS, RESPONSE_ENDINGS
 from agents.remote.protocol import ERROR_CODES
+from session.resume import ResumeResult
 from session.vocabulary import Interruption, LegOutcome, Outcome, RecoveryOutcome, Terminal
 
 # Why the control API refused a request (voicegate/control/auth.py); a closed vocabulary.
@@ -223,8 +224,10 @@ class Metrics:
         )
         self.barge_ins = Counter(
             "voicegate_barge_ins_total",
-            "Responses interrupted by the caller, by speech or DTMF",
-            ["reason"],
+            "Responses interrupted by the caller, by speech or DTMF, counted once judged: "
+            "confirmed (a caller turn followed; a key press always is one) or false (no turn "
+            "within audio.barge_in_false_window_ms: noise, a cough)",
+            ["reason", "outcome"],
             registry=r,
         )
         self.barge_in_latency = Histogram(
@@ -348,6 +351,15 @@ class Metrics:
         )
         for reason in RESUME_ISSUE_REASONS:
             self.resume_issued.labels(reason)
+        self.resume_attempts = Counter(
+            "voicegate_resume_attempts_total",
+            "Resume handles presented on an INVITE, by result (ok: the call rejoined its "
+            "session; expired, invalid, cross_tenant, reused: refused with 403)",
+            ["result"],
+            registry=r,
+        )
+        for resume_result in ResumeResult:
+            self.resume_attempts.labels(resume_result.value)
         for mode in TRANSFER_MODES:
             for transfer_outcome in TRANSFER_OUTCOMES:
                 self.transfers.labels(mode, transfer_outcome)
@@ -373,7 +385,8 @@ class Metrics:
         for receipt in Outcome:
             self.reconciliations.labels(receipt)
         for reason in ("speech", "dtmf"):
-            self.barge_ins.labels(reason)
+            for judged in ("confirmed", "false"):
+                self.barge_ins.labels(reason, judged)
         for call in AGENT_CALLS:
             self.agent_failures.labels(call)
         for ending in RESPONSE_ENDINGS:

@@ -33,7 +33,7 @@ from prometheus_client import multiprocess
 
 from config import Settings
 from config.workers import WorkerSlot, worker_slots
-from session.reaper import reap_stale
+from session.reaper import expire_away, reap_stale
 from session.resume import ResumeRecord
 from session.store import SessionStore
 from session.store.sqlite import SqliteSessionStore
@@ -400,6 +400,10 @@ class Supervisor:
         if reaped:
             self.metrics.sessions_reaped.inc(len(reaped))
             log.warning("sessions.reaped", extra={"count": len(reaped)})
+        # Transferred sessions nobody came back to (session/away.py): completed, not reaped.
+        await asyncio.wrap_future(
+            self._writer.submit(lambda store: expire_away(store, me=me, now=now))
+        )
         return reaped
 
     def worker_of(self, owner: str | None) -> Worker | None:

@@ -1,0 +1,167 @@
+"""Speech that stands out of the line's noise: webrtcvad per frame, judged against a tracked floor.
+
+webrtcvad alone calls much telephone noise speech (issue 21: pink noise 18 dB under speech cut a
+greeting, brown noise committed caller turns), and one verdict per frame with a fixed debounce is
+one threshold. :class:`EvidenceVad` keeps webrtcvad as the per-frame detector and adds:
+
+* a **noise floor**: the average level (in dB, over about 400 ms) of the frames that are not
+  evidence, falling fast to quieter frames; evidence frames raise it by at most
+  ``floor_rise_db_s`` decibels a second, so speech barely moves it while a line that got louder
+  under continuous "speech" is still learnt. Levels are of the whole band (pre-emphasis, which
+  would take out the rumble, lost more speech than noise over pink and babble: bench/vad_sweep.py).
+* **evidence**: a frame counts only if webrtcvad calls it speech *and* its level is ``margin_db``
+  above the floor (``margin_db - 3`` once speech has started: hysteresis keeps weaker syllables).
+* **onset on a window**: speech starts when ``onset_ms`` of evidence lies within the last
+  ``window_ms``, dated at the window's first evidence frame; it stops after ``hangover_ms``
+  without any. So one loud click is not a start, and a word with a weak consonant still is.
+
+Same events and interface as :class:`audio.vad.VoiceActivity` (which stays as the ``verdicts``
+detector). Each 20 ms media frame is one webrtcvad frame of 20 ms here; the cost per frame is one
+webrtcvad call and a dot product (bench/pipeline.py measures it).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Final
+
+import numpy as np
+import webrtcvad
+
+from audio.frame import FRAME_MS, FRAME_RATES, Frame, samples_per_frame
+from audio.vad import SpeechStarted, SpeechStopped, VadConfig, VadConfigError, VadEvent
+
+_PCM_DTYPE: Final = np.dtype("<i2")
+SPEAKING_RELIEF_DB: Final = 3.0
+"""How much less than ``margin_db`` a frame needs once speech has started (hysteresis)."""
+NOISE_TAU_MS: Final = 400
+"""Time constant of the floor's average over frames that are not evidence: the line's noise
+level, not its minimum (babble's quiet moments are 10 dB under its mean; speech 10 dB above)."""
+FLOOR_FALL: Final = 0.1
+"""Share of the way to a quieter frame's level the floor moves at once: noise that stops is
+forgotten within a few frames."""
+
+
+class EvidenceVad:
+    """Speech start/stop events for one call direction, on evidence against the noise floor.
+
+    Feed consecutive 20 ms frames with :meth:`process_pcm`. :attr:`speaking` is the hysteresis
+    state; :attr:`speech_ms` the milliseconds of evidence since the current segment's first
+    evidence frame (0 when not speaking); :attr:`floor_db` the tracked noise floor (dB re 1 LSB^2,
+    ``None`` before the first frame with any audio).
+    """
+
+    __slots__ = (
+        "_alpha",
+        "_evidence_ms",
+        "_hangover",
+        "_onset",
+        "_quiet",
+        "_rise",
+        "_step",
+        "_vad",
+        "_warmup",
+        "_window",
+        "config",
+        "floor_db",
+        "rate",
+        "speaking",
+    )
+
+    def __init__(self, rate: int, config: VadConfig | None = None) -> None:
+        if rate not in FRAME_RATES:
+            raise VadConfigError(f"webrtcvad needs 8000, 16000, 32000 or 48000 Hz, got {rate}")
+        self.config = config = config or VadConfig()
+        self.rate = rate
+        if config.frame_ms != FRAME_MS:
+            raise VadConfigError(
+                f"frame_ms must be {FRAME_MS} with the evidence detector, got {config.frame_ms}"
+            )
+        self._vad = webrtcvad.Vad(config.aggressiveness)
+        self._step = samples_per_frame(rate, FRAME_MS) * 2
+        self._onset = -(-config.onset_ms // FRAME_MS)
+        self._hangover = -(-config.hangover_ms // FRAME_MS)
+        # (timestamp, evidence) of the last window_ms of frames.
+        self._window: deque[tuple[int, bool]] = deque(
+            maxlen=max(self._onset, config.window_ms // FRAME_MS)
+        )
+        self._rise = config.floor_rise_db_s * FRAME_MS / 1000
+        self._alpha = FRAME_MS / NOISE_TAU_MS
+        self._warmup = -(-config.warmup_ms // FRAME_MS)
+        self._quiet = 0  # frames without evidence since the last evidence frame
+        self._evidence_ms = 0
+        self.speaking = False
+        self.floor_db: float | None = None
+
+    @property
+    def speech_ms(self) -> int:
+        """Evidence in the current segment so far, onset included; 0 when not speaking."""
+        return self._evidence_ms if self.speaking else 0
+
+    def process(self, frame: Frame) -> VadEvent | None:
+        """Classify ``frame`` (20 ms at this detector's rate); the event it completes, if any."""
+        if frame.rate != self.rate:
+            raise ValueError(f"frame at {frame.rate} Hz fed to a {self.rate} Hz VAD")
+        return self.process_pcm(frame.samples.tobytes(), frame.timestamp)
+
+    def process_pcm(self, pcm: bytes, timestamp: int) -> VadEvent | None:
+        """:meth:`process` on one 20 ms frame of little-endian s16 bytes."""
+        if len(pcm) != self._step:
+            # The media bridge always hands over 20 ms; anything else is a caller's bug.
+            raise ValueError(
+                f"expected {self._step} bytes (20 ms at {self.rate} Hz), got {len(pcm)}"
+            )
+        evidence = self._evidence(pcm)
+        length = self._step // 2
+        window = self._window
+        window.append((timestamp, evidence))
+        if not self.speaking:
+            if not evidence:
+                return None
+            count = sum(1 for _, e in window if e)
+            if count < self._onset:
+                return None
+            self.speaking = True
+            self._quiet = 0
+            self._evidence_ms = count * FRAME_MS
+            first = next(ts for ts, e in window if e)
+            return SpeechStarted(first, self.rate, timestamp + length)
+        if evidence:
+            self._quiet = 0
+            self._evidence_ms += FRAME_MS
+            return None
+        self._quiet += 1
+        if self._quiet < self._hangover:
+            return None
+        self.speaking = False
+        self._evidence_ms = 0
+        window.clear()
+        stopped_at = timestamp - (self._hangover - 1) * length
+        return SpeechStopped(stopped_at, self.rate, timestamp + length)
+
+    def _evidence(self, pcm: bytes) -> bool:
+        is_speech: bool = self._vad.is_speech(pcm, self.rate)
+        if pcm.count(0) == len(pcm):
+            # Digital silence (no RTP yet, a gap PJSIP filled) says nothing of the line's noise.
+            return False
+        if self._warmup:
+            # webrtcvad's first frames of any audio are speech whatever they hold (audio/vad.py);
+            self._warmup -= 1
+            is_speech = False
+        x = np.frombuffer(pcm, dtype=_PCM_DTYPE).astype(np.float64)
+        level = 10 * math.log10(float(x @ x) / len(x) + 1.0)
+        floor = self.floor_db
+        if floor is None:
+            self.floor_db = level
+            return False
+        margin = self.config.margin_db - (SPEAKING_RELIEF_DB if self.speaking else 0.0)
+        evidence = is_speech and level >= floor + margin
+        if evidence:
+            # Speech barely moves it: a line whose noise got louder is still learnt, slowly.
+            self.floor_db = min(level, floor + self._rise)
+        elif level < floor:
+            self.floor_db = floor + FLOOR_FALL * (level - floor)
+        else:
+            self.floor_db = floor + self._alpha * (level - floor)
+        return evidence

@@ -1,0 +1,312 @@
+"""Barge-in on noisy lines, measured on real calls (issue 21).
+
+Prints figures, never passes or fails (STYLE.md).
+
+    python bench/bargein.py                  # every case, seed 21
+    python bench/bargein.py --seed 5 --noises pink,babble --snrs 10
+    python bench/bargein.py --write-fixtures tests/fixtures/vad   # also save frame fixtures
+
+One ``voicegate serve`` (demo agent, its defaults unless ``--env KEY=VALUE``) on loopback; SIPp
+callers that play A-law captures made here (tests/fixtures/noise.py) while tcpdump records both
+directions of the RTP, so what the caller sent and what the caller heard are both on the wire.
+
+Cases, for each noise (pink, brown, babble of six espeak-ng voices, low-passed car rumble) at each
+SNR (20, 10, 5 dB; noise at the tests' speech level minus the SNR):
+
+* **noise only**: ``--noise-s`` of noise and nothing else while the agent greets and reads its
+  menu. Every barge-in is false and every committed caller turn came from noise (session log).
+* **speech over noise**: the same noise throughout, and ``--utterances`` short lines from
+  espeak-ng voices no test uses (en-gb-scotland, en-029, en-gb-x-rp, en-us-nyc), meant to start
+  while the agent talks (lines that start while it is silent are not counted). The latency is
+  from the line's first sample on the wire (the caller's packet that carried it) to the end of
+  the last loud packet the caller heard before 600 ms of silence; over 1 s is a *missed*
+  barge-in (the agent talked on over the caller).
+
+Figures: false barge-ins per minute and false caller turns per minute (noise only, per minute of
+call), missed barge-ins, and barge-in latency at the caller's ear (median and p95). Up to
+``--at-once`` calls run together (the server holds 4); the machine's other work shares the CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.fixtures.noise import NOISES, RATE, encode_alaw, write_rtp_pcap  # noqa: E402
+from tests.fixtures.noisy_caller import Case, build  # noqa: E402
+from tests.integration.harness import LOOPBACK, Server, free_port, wait_for  # noqa: E402
+from tests.integration.rtp_capture import Capture, RtpPacket  # noqa: E402
+
+LOUD = 300.0  # RMS of an A-law frame of prompt audio (silence decodes to +-8)
+
+SCENARIO = """<?xml version="1.0" encoding="ISO-8859-1" ?>
+<!DOCTYPE scenario SYSTEM "sipp.dtd">
+<!-- bench/bargein.py: a caller plays one capture from the answer on, then hangs up. -->
+<scenario name="voicegate bench: noisy caller">
+  <send retrans="500"><![CDATA[
+
+      INVITE sip:[service]@[remote_ip]:[remote_port] SIP/2.0
+      Via: SIP/2.0/[transport] [local_ip]:[local_port];branch=[branch]
+      From: sipp <sip:sipp@[local_ip]:[local_port]>;tag=[pid]SIPpTag00[call_number]
+      To: <sip:[service]@[remote_ip]:[remote_port]>
+      Call-ID: [call_id]
+      CSeq: 1 INVITE
+      Contact: sip:sipp@[local_ip]:[local_port]
+      Max-Forwards: 70
+      Content-Type: application/sdp
+      Content-Length: [len]
+
+      v=0
+      o=user1 53655765 2353687637 IN IP[local_ip_type] [local_ip]
+      s=-
+      c=IN IP[media_ip_type] [media_ip]
+      t=0 0
+      m=audio [media_port] RTP/AVP 8 101
+      a=rtpmap:8 PCMA/8000
+      a=rtpmap:101 telephone-event/8000
+      a=ptime:20
+
+  ]]></send>
+  <recv response="100" optional="true"/>
+  <recv response="180" optional="true"/>
+  <recv response="200" rtd="true" rrs="true"/>
+  <send><![CDATA[
+
+      ACK [next_url] SIP/2.0
+      Via: SIP/2.0/[transport] [local_ip]:[local_port];branch=[branch]
+      From: sipp <sip:sipp@[local_ip]:[local_port]>;tag=[pid]SIPpTag00[call_number]
+      To: <sip:[service]@[remote_ip]:[remote_port]>[peer_tag_param]
+      Call-ID: [call_id]
+      CSeq: 1 ACK
+      [routes]
+      Contact: sip:sipp@[local_ip]:[local_port]
+      Max-Forwards: 70
+      Content-Length: 0
+
+  ]]></send>
+  <nop><action><exec play_pcap_audio="{pcap}"/></action></nop>
+  <pause milliseconds="{pause_ms}"/>
+  <send retrans="500"><![CDATA[
+
+      BYE [next_url] SIP/2.0
+      Via: SIP/2.0/[transport] [local_ip]:[local_port];branch=[branch]
+      From: sipp <sip:sipp@[local_ip]:[local_port]>;tag=[pid]SIPpTag00[call_number]
+      To: <sip:[service]@[remote_ip]:[remote_port]>[peer_tag_param]
+      Call-ID: [call_id]
+      CSeq: 2 BYE
+      [routes]
+      Contact: sip:sipp@[local_ip]:[local_port]
+      Max-Forwards: 70
+      Content-Length: 0
+
+  ]]></send>
+  <recv response="200" crlf="true"/>
+</scenario>
+"""
+
+
+def run_batch(server: Server, batch: list[Case], work: Path) -> list[RtpPacket]:
+    capture = Capture(work / "rtp.pcap", server.rtp_min, server.rtp_max)
+    callers: list[subprocess.Popen[bytes]] = []
+    try:
+        for case in batch:
+            slug = case.name.replace(" ", "")
+            pcap = work / f"{slug}.pcap"
+            write_rtp_pcap(pcap, case.audio)
+            scenario = work / f"{slug}.xml"
+            pause_ms = round(len(case.audio) / RATE * 1000) + 500
+            scenario.write_text(SCENARIO.format(pcap=pcap, pause_ms=pause_ms))
+            case.media_port = free_port(udp_and_tcp=False)
+            case.service = f"bench{len(callers)}"
+            args = [
+                "sipp", "-sf", str(scenario), server.sip_target, "-m", "1", "-i", LOOPBACK,
+                "-p", str(free_port()), "-mp", str(case.media_port), "-s", case.service,
+                "-timeout", "120s", "-timeout_error", "-nostdin",
+            ]
+            callers.append(
+                subprocess.Popen(args, cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            )
+        for caller in callers:
+            _, err = caller.communicate(timeout=180)
+            if caller.returncode != 0:
+                print(f"  sipp exited {caller.returncode}: {err.decode()[-300:]}", file=sys.stderr)
+    finally:
+        packets = capture.stop()
+    return packets
+
+
+def session_counts(server: Server) -> dict[str, dict[str, int]]:
+    """Per called user: barge-ins (speech) and committed caller turns, from the session log."""
+    wait_for(lambda: all(s["ended"] for s in server.sessions()) or None, 20, "sessions to end")
+    out: dict[str, dict[str, int]] = {}
+    for session in server.sessions():
+        events = session["events"]
+        offered = next(e for e in events if e["type"] == "call_offered")
+        counts = out.setdefault(
+            offered["payload"]["called_user"], {"cuts": 0, "turns": 0, "seconds": 0, "failed": 0}
+        )
+        counts["seconds"] += events[-1]["at"] - events[0]["at"]
+        counts["failed"] += session["ended"]["terminal_state"] != "completed"
+        # The bench's callers press no key, so every interrupted response was cut by speech.
+        counts["cuts"] += sum(1 for e in events if e["type"] == "response_interrupted")
+        counts["turns"] += sum(1 for e in events if e["type"] == "turn_committed")
+    return out
+
+
+SILENT_S = 0.6  # longer than any pause inside a prompt (at most 0.52 s): the agent stopped
+MISSED_MS = 1000.0  # the agent talked over a second of the caller's line: not a barge-in
+
+
+def speech_figures(case: Case, packets: list[RtpPacket]) -> tuple[list[float], int, int]:
+    """Latencies (ms) of the lines the agent talked over, lines missed, lines it talked over.
+
+    For a line that began while the agent was loud (within 300 ms before): the cut is the end of
+    the last loud packet before the first silence of :data:`SILENT_S` the caller heard after the
+    onset; a cut more than :data:`MISSED_MS` after the onset is a missed barge-in.
+    """
+    sent = [p for p in packets if p.src_port == case.media_port and p.payload_type == 8]
+    if not sent:
+        return [], 0, 0
+    server_port = sent[0].dst_port
+    loud = sorted(
+        p.at
+        for p in packets
+        if p.src_port == server_port and p.dst_port == case.media_port and p.rms > LOUD
+    )
+    latencies, missed, eligible = [], 0, 0
+    for start, _length in case.lines:
+        index = round(start * 50)
+        if index >= len(sent):
+            continue
+        onset = sent[index].at
+        if not any(onset - 0.3 <= t < onset for t in loud):
+            continue  # the agent was not talking: nothing to barge in on
+        eligible += 1
+        cut = onset - 0.02
+        for t in loud:
+            if t < onset:
+                continue
+            if t - cut > SILENT_S:
+                break
+            cut = t
+        latency = (cut + 0.02 - onset) * 1000
+        if latency > MISSED_MS:
+            missed += 1
+        else:
+            latencies.append(latency)
+    return latencies, missed, eligible
+
+
+FIXTURE_S = 2.0
+
+
+def write_fixtures(cases: list[Case], directory: Path) -> None:
+    """2 s of each case's caller audio, A-law as it goes on the wire (8 kB/s), and an index.
+
+    Noise only: the first 2 s. Speech over noise: from 1 s before the first line. The index
+    (``index.json``) gives each file's case and, for speech, the line's onset in the file (ms).
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    index = {}
+    for case in cases:
+        slug = f"{case.noise}-{case.snr}db-{'speech' if case.speech else 'noise'}"
+        begin = round((case.lines[0][0] - 1.0) * RATE) if case.speech else 0
+        clip = case.audio[begin : begin + round(FIXTURE_S * RATE)]
+        (directory / f"{slug}.alaw").write_bytes(encode_alaw(clip))
+        index[slug] = {
+            "noise": case.noise,
+            "snr_db": case.snr,
+            "onset_ms": round(case.lines[0][0] * 1000 - begin * 1000 / RATE)
+            if case.speech
+            else None,
+        }
+    (directory / "index.json").write_text(json.dumps(index, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {len(index)} fixtures to {directory}")
+
+
+def p95(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(np.ceil(0.95 * len(ordered))) - 1)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--seed", type=int, default=21)
+    parser.add_argument("--noises", default=",".join(NOISES))
+    parser.add_argument("--snrs", default="20,10,5")
+    parser.add_argument("--noise-s", type=float, default=30.0)
+    parser.add_argument("--utterances", type=int, default=8)
+    parser.add_argument("--at-once", type=int, default=3)
+    parser.add_argument("--only", choices=("noise", "speech", "both"), default="both")
+    parser.add_argument("--env", action="append", default=[], help="KEY=VALUE for the server")
+    parser.add_argument("--work", type=Path, help="keep logs and captures here (else a temp dir)")
+    parser.add_argument(
+        "--write-fixtures", type=Path, help="write the detector's unit-test fixtures here and stop"
+    )
+    args = parser.parse_args()
+    cases = [
+        Case(noise, int(snr), speech)
+        for speech in {"noise": [False], "speech": [True], "both": [False, True]}[args.only]
+        for noise in args.noises.split(",")
+        for snr in args.snrs.split(",")
+    ]
+    for case in cases:
+        build(case, args.seed, args.noise_s, args.utterances)
+    if args.write_fixtures:
+        write_fixtures(cases, args.write_fixtures)
+        return
+    env = dict(item.split("=", 1) for item in args.env)
+    started = time.monotonic()
+    rows = []
+    with tempfile.TemporaryDirectory() as scratch:
+        tmp = args.work or Path(scratch)
+        for b in range(0, len(cases), args.at_once):
+            batch = cases[b : b + args.at_once]
+            work = tmp / f"batch{b}"
+            work.mkdir(parents=True)
+            server = Server(work / "server", env_overrides=env).start()
+            try:
+                packets = run_batch(server, batch, work)
+                counts = session_counts(server)
+            finally:
+                server.stop()
+            for case in batch:
+                got = counts.get(case.service, {"cuts": 0, "turns": 0, "seconds": 0, "failed": 1})
+                minutes = max(got["seconds"], 1) / 60
+                ended = "FAILED" if got["failed"] else ""
+                if case.speech:
+                    lat, missed, eligible = speech_figures(case, packets)
+                    rows.append(
+                        f"{case.name:22} {'':>8} {'':>8} {missed:>3}/{eligible:<3} "
+                        + (f"{statistics.median(lat):>7.0f} {p95(lat):>7.0f}" if lat else " " * 15)
+                        + f" {got['seconds']:>5.0f} {ended}"
+                    )
+                else:
+                    rows.append(
+                        f"{case.name:22} {got['cuts'] / minutes:>8.1f}"
+                        f" {got['turns'] / minutes:>8.1f} {'':>23} {got['seconds']:>5.0f} {ended}"
+                    )
+                print(rows[-1], flush=True)
+    print()
+    print(f"seed {args.seed}, {time.monotonic() - started:.0f} s, env {env or 'defaults'}")
+    print(
+        f"{'case':22} {'cuts/min':>8} {'turns/min':>8} {'missed':>7} {'med ms':>7} {'p95 ms':>7}"
+        f" {'call s':>5}"
+    )
+    for row in rows:
+        print(row)
+
+
+if __name__ == "__main__":
+    main()
