@@ -113,6 +113,28 @@ class TransferUpdate:
     detail: str = ""
 
 
+# What happened in an attended transfer's consultation (ConsultEvent.kind), docs/transfer.md:
+# ``answered`` (the person took the consult call: you may speak to them), ``said`` (something
+# you said to them ended: ``outcome`` played, cleared or failed), ``dtmf`` (they pressed
+# ``digit``), ``accepted`` / ``declined`` (their key decided, transfer.consult_complete =
+# person: the hand-over goes, or the caller comes back to you).
+CONSULT_EVENTS = ("answered", "said", "dtmf", "accepted", "declined")
+SAY_OUTCOMES = ("played", "cleared", "failed")
+
+
+@dataclass(frozen=True, slots=True)
+class ConsultEvent:
+    """Something of the consultation before an attended transfer's hand-over: ``kind`` one of
+    :data:`CONSULT_EVENTS`; ``digit`` with ``dtmf``; ``say_id`` and ``outcome`` (one of
+    :data:`SAY_OUTCOMES`) with ``said``; ``detail`` why a say failed."""
+
+    kind: str
+    digit: str = ""
+    say_id: str = ""
+    outcome: str = ""
+    detail: str = ""
+
+
 # Why a response handle is no longer alive (Response.ended): a closed vocabulary, a metric label.
 RESPONSE_ENDINGS = ("done", "interrupted", "canceled", "superseded", "ended", "refused")
 
@@ -199,7 +221,9 @@ class CallControl(Protocol):
         (call this from :meth:`Agent.on_dtmf`)."""
         ...
 
-    def transfer(self, target: str | None = None, *, mode: str | None = None) -> str | None:
+    def transfer(
+        self, target: str | None = None, *, mode: str | None = None, complete: str | None = None
+    ) -> str | None:
         """Transfer the caller to ``target``, a SIP URI that
         ``transfer.allowed_targets`` allows, or to ``transfer.default_target``. Returns None once
         it is under way, else why it was refused (nothing changed). While it runs, side effects
@@ -209,7 +233,33 @@ class CallControl(Protocol):
         (:meth:`Agent.on_resumed` with ``transfer``). ``mode``: ``blind`` (REFER, RFC 3515),
         ``bridge`` (voicegate calls the target and stays in the media path) or ``attended`` (a
         consult leg, then REFER with Replaces); None: ``transfer.default_mode``
-        (docs/transfer.md)."""
+        (docs/transfer.md). ``complete`` (attended only): when the caller is handed over,
+        overriding ``transfer.consult_complete`` for this transfer: ``after_brief``, ``api``
+        (when you, or the control API, call :meth:`consult_complete`) or ``person`` (the
+        person's key decides)."""
+        ...
+
+    # --- an attended transfer's consultation (docs/transfer.md, "attended") -------------------
+
+    def consult_say(
+        self, text: str | None = None, *, prompt: str | None = None, say_id: str = ""
+    ) -> str | None:
+        """Say ``text`` (synthesised) or play the named ``prompt`` to the person on the consult
+        leg, after what they are hearing; the caller on hold hears none of it. Returns None once
+        queued, else why not (nothing changed): the consult leg has not answered, the hand-over
+        is under way, a bad text or an unknown prompt. Its end comes as
+        :meth:`Agent.on_consultation` ``said`` with ``say_id``. With ``consult_complete =
+        after_brief`` the hand-over waits until what you said has played."""
+        ...
+
+    def consult_complete(self) -> str | None:
+        """Hand the caller over to the person now (the REFER with Replaces); None once it goes,
+        else why not."""
+        ...
+
+    def consult_cancel(self) -> str | None:
+        """Call the consultation off: the consult leg is hung up and the caller is back with
+        you (:meth:`Agent.on_resumed` with ``transfer``); None once done, else why not."""
         ...
 
     # --- for an agent that reaches its brain over a link (agents/remote/) ----------------------
@@ -307,6 +357,10 @@ class Agent:
 
     async def on_transfer(self, update: TransferUpdate) -> None:
         """Progress of a transfer of this call (:meth:`CallControl.transfer`)."""
+
+    async def on_consultation(self, event: ConsultEvent) -> None:
+        """Something happened in an attended transfer's consultation: the person answered,
+        something you said to them ended, they pressed a key, or their key decided."""
 
     async def on_tool_result(self, result: ToolResult) -> None:
         """A tool request finished, was refused, or was a duplicate."""

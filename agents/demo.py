@@ -8,7 +8,9 @@ and ends the call;
 ``*`` repeats the menu. A key press or the caller's speech cuts off whatever prompt is playing
 (barge-in), and after the caller has spoken the menu is offered again. A cut that was a false
 interruption (line noise, a cough: no caller turn followed) is picked up again from the start of
-the sentence it cut (audio/sentences.py).
+the sentence it cut (audio/sentences.py). When the transfer is attended
+(``transfer.default_mode``), the person the consult leg reaches hears why in one sentence
+(synthesised), after the brief.
 The digits themselves are never logged: in a payment flow they would be card numbers.
 """
 
@@ -18,7 +20,7 @@ import enum
 import logging
 from collections.abc import Sequence
 
-from agents.base import Agent, PlaybackCut, Response, ToolResult
+from agents.base import Agent, ConsultEvent, PlaybackCut, Response, ToolResult
 from audio.sentences import resume_point
 
 log = logging.getLogger("voicegate.agent.demo")
@@ -53,9 +55,22 @@ class _Mode(enum.Enum):
     ENDING = "ending"
 
 
+# What the person an attended transfer consults is told, by the last payment's outcome: why the
+# caller wants a person, in one sentence, with nothing personal in it.
+_REASONS = {
+    None: "The caller chose to talk to a person from the voice menu.",
+    "committed": "The caller asked for a person after a payment that went through.",
+    "failed": "The caller asked for a person after a payment the provider refused.",
+    "not_started": "The caller asked for a person after a payment that did not start.",
+    "pending": "The caller asked for a person while a payment is still being processed.",
+    "refused": "The caller asked for a person after a payment that could not be made.",
+}
+
+
 class DemoAgent(Agent):
     mode = _Mode.MENU
     _response: Response | None = None
+    _payment: str | None = None  # the last payment's outcome, for the reason of a transfer
     # What the current response queued: (prompt, first sample played of it) in order.
     _said: tuple[tuple[str, int], ...] = ()
     _barged: str | None = None  # the response the caller's speech or key last cut
@@ -220,6 +235,14 @@ class DemoAgent(Agent):
             return
         self._say("sorry_lost_you", *(["menu"] if self.mode is _Mode.MENU else []))
 
+    async def on_consultation(self, event: ConsultEvent) -> None:
+        # An attended transfer reached a person: tell them why, after the brief (the hand-over
+        # waits for it with consult_complete = after_brief).
+        if event.kind == "answered" and self.mode is _Mode.TRANSFERRING:
+            refused = self.call.consult_say(_REASONS.get(self._payment, _REASONS[None]))
+            if refused is not None:
+                log.info("demo.reason_not_said", extra={"call_id": self.context.call_id})
+
     async def on_playback_cut(self, cut: PlaybackCut) -> None:
         if cut.reason == "barge_in":
             self._barged = cut.response_id
@@ -236,6 +259,7 @@ class DemoAgent(Agent):
         if result.tool != PAYMENT_TOOL or self.mode is not _Mode.PAYING:
             return
         self.mode = _Mode.MENU
+        self._payment = result.outcome
         log.info(
             "demo.payment",
             extra={

@@ -575,7 +575,9 @@ class AgentSettings:
 
 
 TRANSFER_MODES = ("blind", "bridge", "attended")
-CONSULT_COMPLETIONS = ("after_brief", "api")
+CONSULT_COMPLETIONS = ("after_brief", "api", "person")
+# The keys a person on a consult leg may press (RFC 4733 events 0-15).
+DTMF_KEYS = (*"0123456789", "*", "#", *"ABCD")
 
 
 def target_allowed(target: str, patterns: tuple[str, ...]) -> bool:
@@ -661,8 +663,27 @@ class TransferSettings:
         metadata=key(
             one_of(*CONSULT_COMPLETIONS),
             "Attended transfers: when the caller is handed over: after_brief (once the brief "
-            "has played) or api (when POST /v1/calls/{id}/transfer/complete says so); either "
-            "way within notify_timeout_s of the transfer's start",
+            "and what the agent said to the person have played), api (when POST "
+            "/v1/calls/{id}/transfer/complete or the agent says so) or person (the person's "
+            "consult_accept_key hands over, consult_decline_key declines); any way within "
+            "notify_timeout_s of the transfer's start",
+        ),
+    )
+    consult_accept_key: str = field(
+        default="1",
+        metadata=key(
+            empty_or_one_of(*DTMF_KEYS),
+            "Attended transfers with consult_complete = person: the key the person on the "
+            "consult leg presses to take the caller; empty = none (the agent or the API "
+            "decides). Every key the person presses is told to the agent either way",
+        ),
+    )
+    consult_decline_key: str = field(
+        default="2",
+        metadata=key(
+            empty_or_one_of(*DTMF_KEYS),
+            "Attended transfers with consult_complete = person: the key that declines the "
+            "caller (the consult leg is hung up, the caller goes back to the agent); empty = none",
         ),
     )
     caller_id: str = field(
@@ -893,6 +914,13 @@ def transfer_problems(t: TransferSettings) -> list[CrossProblem]:
                     f"{target} matches no pattern of allowed_targets: add one that covers it",
                 )
             )
+    if t.consult_accept_key and t.consult_accept_key == t.consult_decline_key:
+        problems.append(
+            CrossProblem(
+                ("transfer.consult_accept_key", "transfer.consult_decline_key"),
+                "the same key cannot both accept and decline: choose two different keys",
+            )
+        )
     return problems
 
 

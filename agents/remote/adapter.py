@@ -30,6 +30,7 @@ from agents.base import (
     Agent,
     CallContext,
     CallControl,
+    ConsultEvent,
     GateChange,
     MarkOutcome,
     PlaybackCut,
@@ -48,7 +49,7 @@ from voicegate.observe.metrics import Metrics
 
 log = logging.getLogger("voicegate.agent.remote")
 
-FEATURES = ("marks", "tools", "resume", "dtmf", "speech_events")
+FEATURES = ("marks", "tools", "resume", "dtmf", "speech_events", "consult")
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +94,9 @@ class RemoteAgent(Agent):
         self._gap: tuple[int, int] | None = None  # (first timestamp missed, samples missed)
         self._speaking = False
         self._restarting = False  # a session.start after a refused resume is on its way
+        # consult.event goes only to an agent whose session.accept listed the feature consult
+        # (an agent of before it never gets a type it does not know).
+        self.consult_events = False
 
     # --- the call's side: handlers become messages --------------------------------------------
 
@@ -200,6 +204,17 @@ class RemoteAgent(Agent):
             {"type": "transfer.progress", "state": state, "status": status, "detail": detail[:300]}
         )
 
+    async def on_consultation(self, event: ConsultEvent) -> None:
+        if self.consult_events:
+            self._consult_event(event.kind, event.digit, event.say_id, event.outcome, event.detail)
+
+    def _consult_event(
+        self, kind: str, digit: str = "", say_id: str = "", outcome: str = "", detail: str = ""
+    ) -> None:
+        fields = {"digit": digit, "say_id": say_id, "outcome": outcome, "detail": detail[:300]}
+        body = {k: v for k, v in fields.items() if v}
+        self.link.send({"type": "consult.event", "kind": kind, **body})
+
     async def on_interrupted(self, interruption: str) -> None:
         self.link.send({"type": "media.lost", "interruption": interruption})
 
@@ -246,6 +261,7 @@ class RemoteAgent(Agent):
                 f"audio must be pcm16 at {rate} Hz, 20 ms = {rate // 50 * 2} bytes a frame",
                 message["seq"],
             )
+        self.consult_events = "consult" in message.get("features", ())
 
     # The link reports from its own task; everything it asks of the call runs on the call's task
     # (STYLE.md habit 5), in the order it arrived.
@@ -321,10 +337,28 @@ class RemoteAgent(Agent):
             case "mark":
                 self._remote(message).handle.mark(message["mark_id"])
             case "transfer":
-                refused = self.call.transfer(message.get("target"), mode=message.get("mode"))
+                refused = self.call.transfer(
+                    message.get("target"),
+                    mode=message.get("mode"),
+                    complete=message.get("complete"),
+                )
                 if refused is not None:
                     # Nothing changed: the agent hears why (the target is not repeated).
                     self._transfer_progress("refused", 0, refused)
+            case "consult.say":
+                say_id = message.get("say_id", "")
+                refused = self.call.consult_say(
+                    message.get("text"), prompt=message.get("prompt"), say_id=say_id
+                )
+                if refused is not None:
+                    # Not a protocol error (it spends no error budget): nothing changed, and why.
+                    self._consult_event("refused", say_id=say_id, detail=refused)
+            case "consult.complete":
+                if (refused := self.call.consult_complete()) is not None:
+                    self._consult_event("refused", detail=refused)
+            case "consult.cancel":
+                if (refused := self.call.consult_cancel()) is not None:
+                    self._consult_event("refused", detail=refused)
             case "tool.call":
                 self._tool_call(message)
             case "hangup":

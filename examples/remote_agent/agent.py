@@ -8,6 +8,7 @@ outcome, never a second charge).
 
 Keys: 1 pays 5.00 through the charge tool, 5 plays an 8 s tone, 9 says goodbye and hangs up, 0
 asks voicegate to transfer the caller (to transfer.default_target), any other key is read back.
+An attended transfer's person hears why (``consult.say``) once ``consult.event{answered}`` comes.
 ``POST /admin/drop`` closes every live socket (try a resume by hand); ``?keep_streaming=1`` also
 keeps streaming the cut response after the resume, to show that voicegate drops it; ``?down_s=4``
 refuses new sockets for 4 s (hear voicegate's "reconnecting" line and hold audio).
@@ -40,7 +41,7 @@ PROMPTS = Path(__file__).resolve().parents[2] / "agents" / "prompts"
 CHUNK_MS = 20
 LEAD_MS = 200  # stream at most this far ahead of real time (voicegate refuses past its maximum)
 # What the call is doing: logged whole (they hold no digit); other messages by type only.
-SHOWN = ("gate", "playback.cleared", "playback.interrupted", "transfer.progress")
+SHOWN = ("gate", "playback.cleared", "playback.interrupted", "transfer.progress", "consult.event")
 
 
 def verify(secret: str, token: str, audience: str) -> str | None:
@@ -177,7 +178,7 @@ class Agent:
                     "type": "session.accept",
                     "version": 1,
                     "audio": audio,
-                    "features": ["marks", "tools", "resume"],
+                    "features": ["marks", "tools", "resume", "consult"],
                     "resume_token": token,
                 }
             )
@@ -240,6 +241,8 @@ class Agent:
             s.stop()
         elif kind == "media.restored" and "agent_link" not in m["interruptions"]:
             s.say(s.prompt("sorry_lost_you"))
+        elif kind == "consult.event" and m["kind"] == "answered":  # said on the consult leg only
+            await s.send({"type": "consult.say", "text": "The caller pressed 0 for a person."})
         elif kind == "session.end":
             self.sessions.pop(s.sid, None)
         if s.seq == sent:

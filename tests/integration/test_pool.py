@@ -179,6 +179,12 @@ def test_an_operator_hangs_up_a_call_through_the_supervisor(pool: Server, tmp_pa
     # An attended transfer's go-ahead and cancel go to the call's worker too (none to act on).
     for action in ("complete", "cancel"):
         assert pool.post(f"/v1/calls/{call['call_id']}/transfer/{action}") == 409, action
+    # Something to say to the person: the body checked by the supervisor, the 409 the worker's.
+    say = f"/v1/calls/{call['call_id']}/transfer/say"
+    status, body = pool.post_json(say, {"text": "Hello", "prompt": "menu"})
+    assert (status, body["field"]) == (400, "text"), body
+    status, body = pool.post_json(say, {"text": "Hello"})
+    assert (status, body["worker"]) == (409, call["worker"]), body
     assert pool.post(f"/v1/calls/{call['call_id']}/hangup") == 202
     assert caller.wait() == 0, caller.errors()  # the BYE came, routed back through Kamailio
     (session,) = pool.sessions()

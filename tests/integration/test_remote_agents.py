@@ -380,6 +380,37 @@ def test_an_agent_asks_for_a_transfer_hears_its_progress_and_then_the_callers_re
     assert handle not in server.log()
 
 
+def test_an_agent_speaks_to_the_person_of_its_attended_transfer_whose_key_hands_over(
+    server_factory: ServerFactory, agent: ExampleAgent, tmp_path: Path
+) -> None:
+    port = free_port()
+    # This person listens for 2.5 s, then presses 1 (SIP INFO).
+    person = Sipp("uas-consult-accepts.xml", "", tmp_path / "person", port=port).start()
+    server = server_factory(
+        **agent.env(),
+        VOICEGATE_TRANSFER_ALLOWED_TARGETS=f"sip:desk@{LOOPBACK}:*",
+        VOICEGATE_TRANSFER_DEFAULT_TARGET=f"sip:desk@{LOOPBACK}:{port}",
+        VOICEGATE_TRANSFER_DEFAULT_MODE="attended",
+        VOICEGATE_TRANSFER_CONSULT_BRIEF="",
+        VOICEGATE_TRANSFER_CONSULT_COMPLETE="person",
+    )
+    # The caller presses 0: the agent asks for a transfer; once the person answers it sends
+    # consult.say (it accepted the feature consult), and the person's key 1 hands over.
+    caller = Sipp("uac-transfer-key0-attended.xml", server.sip_target, tmp_path)
+    assert caller.run() == 0, caller.errors()  # the REFER with Replaces, then our BYE
+    assert person.wait() == 0, person.errors()
+    # Away, not ended: the caller may come back with the handle (session/away.py).
+    away_session(server)
+    told = [m for m in agent_told(agent) if m["type"] == "consult.event"]
+    kinds = [(m["kind"], m.get("digit", "")) for m in told]
+    decided = [("answered", ""), ("dtmf", "1"), ("accepted", "")]
+    assert [k for k in kinds if k[0] != "said"] == decided, kinds
+    (said,) = [m for m in told if m["kind"] == "said"]
+    assert said["say_id"] == "say-1" and said["outcome"] in ("played", "cleared"), said
+    assert server.metric("voicegate_agent_protocol_errors_total", kind="schema") == 0
+    assert [e["text_chars"] for e in log_events(server, "transfer.consult_say")] == [34]
+
+
 def test_an_agent_hears_its_bridge_completed_and_its_link_dying_then_ends_nothing(
     server_factory: ServerFactory, agent: ExampleAgent, tmp_path: Path
 ) -> None:

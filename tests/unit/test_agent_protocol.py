@@ -21,6 +21,7 @@ from jsonschema import Draft202012Validator
 
 from agents.base import (
     CallContext,
+    ConsultEvent,
     GateChange,
     MarkOutcome,
     PlaybackCut,
@@ -369,6 +370,8 @@ class Call:
         self.tools: list[tuple[str, str | None]] = []
         self.hangups: list[str] = []
         self.transfers: list[str | None] = []
+        self.consult: list[tuple[str, str, str]] = []
+        self.consulting = True
 
     def respond(self) -> Handle:
         self.handles.append(Handle(f"r{len(self.handles) + 1}"))
@@ -392,9 +395,25 @@ class Call:
 
     def link_failed(self, reason: str) -> None: ...
 
-    def transfer(self, target: str | None = None, *, mode: str | None = None) -> str | None:
+    def transfer(
+        self, target: str | None = None, *, mode: str | None = None, complete: str | None = None
+    ) -> str | None:
         self.transfers.append(target)
         return None if target and target.endswith("@example.com") else "target is not allowed"
+
+    def consult_say(
+        self, text: str | None = None, *, prompt: str | None = None, say_id: str = ""
+    ) -> str | None:
+        self.consult.append(("say", text or prompt or "", say_id))
+        return None if self.consulting else "no attended transfer is consulting"
+
+    def consult_complete(self) -> str | None:
+        self.consult.append(("complete", "", ""))
+        return None if self.consulting else "no attended transfer is consulting"
+
+    def consult_cancel(self) -> str | None:
+        self.consult.append(("cancel", "", ""))
+        return None if self.consulting else "no attended transfer is consulting"
 
 
 def _agent() -> tuple[RemoteAgent, Call]:
@@ -428,6 +447,8 @@ def _drive(agent: RemoteAgent, call: Call) -> list[dict[str, Any]]:
         await agent.on_gate(GateChange("frozen", "open", "agent_link"))
         _msg(agent, {"type": "transfer", "target": "sip:desk@example.com"})
         await agent.on_transfer(TransferUpdate("trying", 100))
+        agent.consult_events = True  # session.accept listed the feature consult
+        await agent.on_consultation(ConsultEvent("dtmf", digit="1"))
         await agent.on_stop()
         await agent.on_interrupted("agent_link")
         await agent.on_resumed("agent_link")
@@ -514,6 +535,57 @@ def test_a_transfer_asked_by_the_agent_goes_to_the_call_and_a_refusal_is_told() 
                 json.dumps({**bad, "type": "transfer", "seq": 1, "ack": 0})
             )
         assert caught.value.code == "schema"
+
+
+def test_the_consultation_messages_reach_the_call_and_a_refusal_is_told_not_counted() -> None:
+    agent, call = _agent()
+    _msg(agent, {"type": "consult.say", "text": "Refund for order 12.", "say_id": "why"})
+    _msg(agent, {"type": "consult.say", "prompt": "consult_brief"})
+    _msg(agent, {"type": "consult.complete"})
+    assert agent.link.outbox.replay(0, 0) == []  # under way: the outcome comes as events
+    call.consulting = False
+    _msg(agent, {"type": "consult.cancel"})
+    _msg(agent, {"type": "consult.say", "text": "Hello", "say_id": "late"})
+    # Told in band, not raised as a protocol error (which would spend the error budget).
+    refusals = agent.link.outbox.replay(0, 0)
+    assert [(m["type"], m["kind"], m.get("say_id")) for m in refusals] == [
+        ("consult.event", "refused", None),
+        ("consult.event", "refused", "late"),
+    ]
+    assert refusals[0]["detail"] == "no attended transfer is consulting"
+    assert call.consult == [
+        ("say", "Refund for order 12.", "why"),
+        ("say", "consult_brief", ""),
+        ("complete", "", ""),
+        ("cancel", "", ""),
+        ("say", "Hello", "late"),
+    ]
+    # Both or neither of text and prompt, an empty text, a bad prompt name: schema errors.
+    for bad in ({}, {"text": "a", "prompt": "b"}, {"text": ""}, {"prompt": "../x"}):
+        with pytest.raises(ProtocolError) as caught:
+            Codec("from_agent").decode_text(
+                json.dumps({**bad, "type": "consult.say", "seq": 1, "ack": 0})
+            )
+        assert caught.value.code == "schema"
+
+
+def test_consult_events_go_only_to_an_agent_that_accepted_the_feature() -> None:
+    agent, _call = _agent()
+
+    async def tell() -> None:
+        await agent.on_consultation(ConsultEvent("answered"))
+        agent.consult_events = True
+        await agent.on_consultation(ConsultEvent("said", say_id="why", outcome="played"))
+
+    asyncio.run(tell())
+    (said,) = agent.link.outbox.replay(0, 0)
+    assert {k: said[k] for k in ("type", "kind", "say_id", "outcome")} == {
+        "type": "consult.event",
+        "kind": "said",
+        "say_id": "why",
+        "outcome": "played",
+    }
+    validate("to_agent", said)
 
 
 def test_a_refused_resume_starts_the_session_again_once_then_gives_up() -> None:

@@ -153,3 +153,24 @@ def test_check_config_stops_on_a_consult_brief_without_its_prompt_file() -> None
     assert done.returncode == 2, done.stderr
     assert "transfer.consult_brief = 'no_such_prompt'" in done.stderr
     assert done.stderr.count("\n") == 1  # one line an operator can read
+
+
+def test_the_persons_keys_are_one_key_each_and_never_the_same() -> None:
+    t = load_settings(environ={}).transfer
+    assert (t.consult_accept_key, t.consult_decline_key) == ("1", "2")
+    t = load_settings(
+        environ={
+            "VOICEGATE_TRANSFER_CONSULT_COMPLETE": "person",
+            "VOICEGATE_TRANSFER_CONSULT_ACCEPT_KEY": "#",
+            "VOICEGATE_TRANSFER_CONSULT_DECLINE_KEY": "",
+        }
+    ).transfer
+    assert (t.consult_complete, t.consult_accept_key, t.consult_decline_key) == ("person", "#", "")
+    for bad in ("11", "E", "x"):
+        message = _error(VOICEGATE_TRANSFER_CONSULT_ACCEPT_KEY=bad)
+        assert "transfer.consult_accept_key" in message and "0, 1, 2" in message
+    message = _error(
+        VOICEGATE_TRANSFER_CONSULT_ACCEPT_KEY="5", VOICEGATE_TRANSFER_CONSULT_DECLINE_KEY="5"
+    )
+    assert "transfer.consult_accept_key" in message and "transfer.consult_decline_key" in message
+    assert "two different keys" in message

@@ -79,7 +79,35 @@ async def test_an_unknown_completion_is_refused(client: TestClient[Any, Any]) ->
     )
     assert response.status == 400
     body = await response.json()
-    assert body["field"] == "complete" and body["allowed"] == ["after_brief", "api"]
+    assert body["field"] == "complete" and body["allowed"] == ["after_brief", "api", "person"]
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({}, "text"),
+        ({"text": "Hello", "prompt": "menu"}, "text"),
+        ({"text": 1}, "text"),
+        ({"voice": "en"}, "voice"),
+    ],
+)
+async def test_a_say_with_a_bad_body_is_refused_naming_the_field(
+    client: TestClient[Any, Any], body: dict[str, object], field: str
+) -> None:
+    response = await client.post(f"{PATH}/say", json=body)
+    assert response.status == 400
+    assert (await response.json())["field"] == field
+
+
+async def test_a_say_to_an_unknown_call_is_404_and_a_body_that_is_no_json_400(
+    client: TestClient[Any, Any],
+) -> None:
+    response = await client.post(f"{PATH}/say", json={"text": "Hello"})
+    assert response.status == 404
+    response = await client.post(
+        f"{PATH}/say", data=b"text=Hello", headers={"Content-Type": "text/plain"}
+    )
+    assert (response.status, (await response.json())["field"]) == (400, "body")
 
 
 async def test_the_consultation_routes_of_an_unknown_call_are_404(

@@ -16,6 +16,7 @@ from agents.base import (
     Agent,
     CallContext,
     CallControl,
+    ConsultEvent,
     GateChange,
     MarkOutcome,
     PlaybackCut,
@@ -108,6 +109,9 @@ class GuardedAgent(Agent):
 
     async def on_transfer(self, update: TransferUpdate) -> None:
         await self._call("on_transfer", self.inner.on_transfer, update)
+
+    async def on_consultation(self, event: ConsultEvent) -> None:
+        await self._call("on_consultation", self.inner.on_consultation, event)
 
     async def on_tool_result(self, result: ToolResult) -> None:
         await self._call("on_tool_result", self.inner.on_tool_result, result)

@@ -32,7 +32,7 @@ import logging
 import uuid
 from collections.abc import Callable
 
-from agents.base import TransferUpdate
+from agents.base import ConsultEvent, TransferUpdate
 from session import events as sev
 from session.resume import Handle
 from session.state import Signaling
@@ -41,7 +41,7 @@ from telephony.sip_message import mask_uri
 from telephony.transfer import context_headers
 from voicegate.call.acting import SessionSteps
 from voicegate.call.call_state import CallState
-from voicegate.call.consult import Consultation
+from voicegate.call.consult import Consultation, ConsultRefused, Synthesize
 from voicegate.call.resume import CallResume
 from voicegate.call.services import CallServices
 
@@ -70,6 +70,10 @@ class CallBridge:
         # completed once bridged, failed (refused: no slot) when the target is not reached. An
         # attended transfer's completion is its REFER's final NOTIFY, told by CallTransfer.
         self.tell: Callable[[TransferUpdate], None] = lambda update: None
+        # What the agent hears of a consultation (agents.base.ConsultEvent), and how text said
+        # to the person is synthesised (voicegate/call/consult_speech.py); set by the call.
+        self.notify: Callable[[ConsultEvent], None] = lambda event: None
+        self.synthesize: Synthesize | None = None
 
     def has_slot(self) -> bool:
         """Whether the worker has a free call slot for the bridge's leg (the pair holds two)."""
@@ -97,6 +101,9 @@ class CallBridge:
                 self._services.prompt,
                 self._send_replaces,
                 lambda detail: self.tell(TransferUpdate("trying", 200, detail)),
+                notify=lambda event: self.notify(event),
+                decline=lambda: self._call_off(603, "declined", "declined by the person"),
+                synthesize=self.synthesize,
             )
             if consult
             else None
@@ -164,8 +171,13 @@ class CallBridge:
                     self._services.metrics.bridged_legs.inc(2)
                     log.info("transfer.bridged", extra={"call_id": self._state.call_id})
                     self.tell(TransferUpdate("completed", 200, "bridged"))
+            case ev.DtmfReceived(digit=digit, method=method) if self.consultation is not None:
+                self._services.metrics.dtmf_digits.labels(method).inc()
+                self.consultation.key(digit)
             case ev.CallEnded(status=status):
                 self.leg_id = None
+                if self.consultation is not None:
+                    self.consultation.close()
                 log.info(
                     "transfer.bridge_leg_ended",
                     extra={"call_id": self._state.call_id, "status": status, "bridged": self.up},
@@ -201,8 +213,7 @@ class CallBridge:
         if self.consultation is not None and self.leg_id is not None:
             self.consultation.tick()
 
-    def complete(self) -> str | None:
-        """``POST .../transfer/complete``: hand the caller over now (None), else why not."""
+    def _consulting(self) -> Consultation | None:
         state = self._state.session_state
         if (
             self.consultation is None
@@ -210,12 +221,31 @@ class CallBridge:
             or state is None
             or state.signaling is not Signaling.TRANSFERRING
         ):
+            return None
+        return self.consultation
+
+    def complete(self, by: str = "api") -> str | None:
+        """``POST .../transfer/complete`` (or the agent's): hand the caller over now (None),
+        else why not."""
+        consultation = self._consulting()
+        if consultation is None:
             return "no attended transfer is consulting"
-        return self.consultation.complete()
+        return consultation.complete(by)
+
+    def say(self, *, text: str | None = None, prompt: str | None = None, say_id: str = "") -> str:
+        """``POST .../transfer/say`` (or the agent's): queue it for the person on the consult
+        leg; the say's id, else :class:`ConsultRefused` (409) or UnknownPrompt."""
+        consultation = self._consulting()
+        if consultation is None:
+            raise ConsultRefused("no attended transfer is consulting")
+        return consultation.say(text=text, prompt=prompt, say_id=say_id)
 
     def cancel(self) -> str | None:
         """``POST .../transfer/cancel``: the consultation is called off before the hand-over;
         the consult leg is hung up and the caller goes back to the agent (None), else why not."""
+        return self._call_off(487, "canceled", "canceled before the hand-over")
+
+    def _call_off(self, status: int, outcome: str, detail: str) -> str | None:
         state = self._state.session_state
         consultation = self.consultation
         if consultation is None or self.leg_id is None or state is None:
@@ -226,12 +256,14 @@ class CallBridge:
         if state.signaling is not Signaling.TRANSFERRING or recovery is None:
             return "no attended transfer is consulting"
         if not self._steps.try_apply(
-            sev.TransferFinished(recovery.generation, ok=False, status=487)
+            sev.TransferFinished(recovery.generation, ok=False, status=status)
         ):
             return "the session refused the cancel now"
-        log.info("transfer.consult_canceled", extra={"call_id": self._state.call_id})
-        self._count("canceled")
-        self.tell(TransferUpdate("failed", 487, "canceled before the hand-over"))
+        log.info(
+            "transfer.consult_canceled", extra={"call_id": self._state.call_id, "why": outcome}
+        )
+        self._count(outcome)
+        self.tell(TransferUpdate("failed", status, detail))
         self._services.submit(ev.Hangup(self.leg_id))
         return None
 

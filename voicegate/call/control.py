@@ -80,9 +80,26 @@ class AgentControl:
         # Approval by key press: only a request made while handling the caller's DTMF counts.
         return self._tools.request(tool, arguments, key, approved=self._turns.in_dtmf)
 
-    def transfer(self, target: str | None = None, *, mode: str | None = None) -> str | None:
-        refused = self._transfer.start(target, mode)
+    def transfer(
+        self, target: str | None = None, *, mode: str | None = None, complete: str | None = None
+    ) -> str | None:
+        refused = self._transfer.start(target, mode, complete)
         return None if refused is None else refused.message
+
+    def consult_say(
+        self, text: str | None = None, *, prompt: str | None = None, say_id: str = ""
+    ) -> str | None:
+        _id, refused = self._transfer.say(text=text, prompt=prompt, say_id=say_id)
+        return None if refused is None else refused.message
+
+    def consult_complete(self) -> str | None:
+        refused = self._transfer.complete(by="agent")
+        return None if refused is None else refused.message
+
+    def consult_cancel(self) -> str | None:
+        refused = self._transfer.cancel()
+        return None if refused is None else refused.message
+
     # --- a remote agent's link (agents/remote/): the session's agent-link dimension --------------
 
     def link_lost(self) -> None:

@@ -33,6 +33,7 @@ from voicegate.call.actions import CallActions
 from voicegate.call.agent_guard import AgentCrashed, make_agent
 from voicegate.call.call_state import CallPhase, CallState
 from voicegate.call.clock import SessionClock
+from voicegate.call.consult_speech import ConsultSpeech
 from voicegate.call.control import AgentControl, AgentWork
 from voicegate.call.hangup import HangingUp, HangupPlan
 from voicegate.call.hold import HoldAudio
@@ -121,6 +122,9 @@ class LiveCall:
             state, services, steps, self._hangup, self._timers, clock, self.resume
         )
         self.transfer.tell = self._notices.tell
+        self.transfer.bridge.notify = self._notices.tell
+        self._consult_speech = ConsultSpeech(post)
+        self.transfer.bridge.synthesize = self._consult_speech.synthesize
         self.control = AgentControl(
             state,
             services,
@@ -194,8 +198,8 @@ class LiveCall:
             "started_at": self.started_at,
             "answered_at": self.answered_at,
             "duration_s": round(now - self.started_at, 3),
-            # An attended transfer's consultation: ringing, briefing, waiting (for the API's
-            # complete) or handing_over; None without one (voicegate/call/consult.py).
+            # An attended transfer's consultation: ringing, briefing, waiting (for the go-ahead),
+            # handing_over or over; None without one (voicegate/call/consult.py).
             "consult": self.transfer.consult_stage(),
         }
 
@@ -311,6 +315,7 @@ class LiveCall:
         finally:
             self._timers.cancel_all()
             self.tools.cancel()
+            self._consult_speech.cancel_all()
             if self.phase is not CallPhase.ENDED:
                 # Cancelled (shutdown past its deadline): the outcome is still recorded.
                 self._finish_without_dialog("server stopped before the call ended")

@@ -11,11 +11,21 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from agents.base import GateChange, MarkOutcome, PlaybackCut, ToolResult, TransferUpdate
+from agents.base import (
+    ConsultEvent,
+    GateChange,
+    MarkOutcome,
+    PlaybackCut,
+    ToolResult,
+    TransferUpdate,
+)
 from voicegate.call.call_state import CallPhase, CallState
 from voicegate.tools.call_tools import CallTools, ToolDone
 
 log = logging.getLogger("voicegate.call")
+
+
+Told = PlaybackCut | GateChange | TransferUpdate | ConsultEvent
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,9 +34,9 @@ class AgentNotice:
 
     what: str
     detail: str
-    # A cut, a gate move or a transfer's progress: told while the call is up or ending (so a
-    # timeout's cut and the gate closing reach the agent before on_end).
-    payload: PlaybackCut | GateChange | TransferUpdate | None = None
+    # A cut, a gate move, a transfer's progress or its consultation: told while the call is up
+    # or ending (so a timeout's cut and the gate closing reach the agent before on_end).
+    payload: Told | None = None
 
 
 class AgentNotices:
@@ -40,8 +50,9 @@ class AgentNotices:
         """Queue a notice for the call's task to deliver."""
         self._post(AgentNotice(what, detail))
 
-    def tell(self, payload: PlaybackCut | GateChange | TransferUpdate) -> None:
-        """Queue a cut, a gate move or a transfer update for the call's task to deliver."""
+    def tell(self, payload: Told) -> None:
+        """Queue a cut, a gate move, a transfer update or a consultation event for the call's
+        task to deliver."""
         self._post(AgentNotice(type(payload).__name__, "", payload))
 
     async def deliver(self, notice: AgentNotice) -> None:
@@ -77,7 +88,7 @@ class AgentNotices:
                     extra={"call_id": self._state.call_id, "what": notice.what},
                 )
 
-    async def _tell(self, payload: PlaybackCut | GateChange | TransferUpdate) -> None:
+    async def _tell(self, payload: Told) -> None:
         agent = self._state.agent
         assert agent is not None
         match payload:
@@ -87,6 +98,8 @@ class AgentNotices:
                 await agent.on_gate(payload)
             case TransferUpdate():
                 await agent.on_transfer(payload)
+            case ConsultEvent():
+                await agent.on_consultation(payload)
 
     async def tool_done(self, done: ToolDone) -> None:
         intent = self._state.outstanding(done.key)

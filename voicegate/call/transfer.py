@@ -17,10 +17,13 @@ the guard, whichever comes first.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from agents.base import TransferUpdate
+from audio.espeak import check_text
+from audio.prompts import UnknownPrompt
 from config.settings import CONSULT_COMPLETIONS, TRANSFER_MODES, TransferSettings
 from session import events as sev
 from session.resume import Handle
@@ -32,6 +35,7 @@ from voicegate.call.acting import SessionSteps
 from voicegate.call.bridge import ATTENDED, BRIDGE, CallBridge
 from voicegate.call.call_state import CallPhase, CallState
 from voicegate.call.clock import SessionClock
+from voicegate.call.consult import ConsultRefused
 from voicegate.call.hangup import HangingUp
 from voicegate.call.resume import CallResume
 from voicegate.call.services import CallServices
@@ -40,6 +44,7 @@ from voicegate.call.timers import SessionTimers
 log = logging.getLogger("voicegate.call")
 
 HANDOFF_TIMER = "handoff_notify"
+PROMPT_NAME = re.compile(r"[a-z0-9_]{1,64}")  # config.rules.prompt_name: a file name, no path
 MODE = "blind"
 
 
@@ -193,11 +198,34 @@ class CallTransfer:
             return None
         return consultation.stage.value
 
-    def complete(self) -> TransferRefused | None:
-        """``POST /v1/calls/{id}/transfer/complete``: hand the caller over to the person on the
-        consult leg now (transfer.consult_complete = api, or to cut the brief short)."""
-        why = self.bridge.complete()
+    def complete(self, by: str = "api") -> TransferRefused | None:
+        """``POST /v1/calls/{id}/transfer/complete`` (``by`` the agent: its consult_complete):
+        hand the caller over to the person on the consult leg now (transfer.consult_complete =
+        api or person, or to cut the brief short)."""
+        why = self.bridge.complete(by)
         return TransferRefused(409, why, "call_id") if why is not None else None
+
+    def say(
+        self, *, text: str | None = None, prompt: str | None = None, say_id: str = ""
+    ) -> tuple[str, TransferRefused | None]:
+        """``POST /v1/calls/{id}/transfer/say`` (or the agent's consult_say): the say's id once
+        it is queued for the person on the consult leg, else why not (400 naming the field:
+        both or neither of text and prompt, a bad text, an unknown prompt; 409: no answered
+        consult leg, or the hand-over under way). Nothing changes when it is refused."""
+        if (text is None) == (prompt is None):
+            return "", TransferRefused(400, "give exactly one of text and prompt", "text")
+        if text is not None and (why := check_text(text)) is not None:
+            return "", TransferRefused(400, why, "text")
+        if prompt is not None and not PROMPT_NAME.fullmatch(prompt):
+            return "", TransferRefused(
+                400, "prompt must be 1 to 64 lower-case letters, digits or '_'", "prompt"
+            )
+        try:
+            return self.bridge.say(text=text, prompt=prompt, say_id=say_id), None
+        except ConsultRefused as exc:
+            return "", TransferRefused(409, str(exc), "call_id")
+        except UnknownPrompt:
+            return "", TransferRefused(400, f"no prompt named {prompt}", "prompt")
 
     def cancel(self) -> TransferRefused | None:
         """``POST /v1/calls/{id}/transfer/cancel``: call the consultation off; the caller goes

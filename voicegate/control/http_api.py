@@ -246,6 +246,45 @@ async def cancel_transfer(request: web.Request) -> web.Response:
     return await _consultation(request, "cancel")
 
 
+async def read_say(request: web.Request) -> dict[str, str] | web.Response:
+    """The body of ``POST /v1/calls/{id}/transfer/say``: exactly one of ``text`` and
+    ``prompt``, or the 400 naming the field (shared with the pool's app)."""
+    body = await json_object(request, required=frozenset(), optional=frozenset({"text", "prompt"}))
+    if isinstance(body, web.Response):
+        return body
+    if ("text" in body) == ("prompt" in body):
+        return json_error(400, "give exactly one of text and prompt", field="text")
+    return body
+
+
+async def say_to_consult(request: web.Request) -> web.Response:
+    """Say ``text`` (synthesised) or play ``prompt`` to the person an attended transfer
+    consults, on the consult leg only. 202 once queued; 400 a bad body (the field named), 404
+    not live here, 409 no answered consult leg (or the hand-over under way)."""
+    runtime = request.app[RUNTIME]
+    call_id = request.match_info["call_id"]
+    live = runtime.calls.get(call_id)
+    if live is not None and (refusal := foreign(request, live.tenant, call_id=call_id)):
+        return refusal
+    body = await read_say(request)
+    if isinstance(body, web.Response):
+        return body
+    if live is None:
+        return json_error(404, "no such live call here", field="call_id", call_id=call_id)
+    say_id, refused = live.transfer.say(text=body.get("text"), prompt=body.get("prompt"))
+    if refused is not None:
+        return json_error(refused.status, refused.message, field=refused.field, call_id=call_id)
+    return web.json_response(
+        {
+            "call_id": call_id,
+            "saying": True,
+            "say_id": say_id,
+            "session": f"/v1/sessions/{call_id}",
+        },
+        status=202,
+    )
+
+
 async def _consultation(request: web.Request, action: str) -> web.Response:
     """An attended transfer's go-ahead (``.../transfer/complete``: the REFER with Replaces goes
     now) or its cancel (``.../transfer/cancel``: the consult leg is hung up, the caller goes
@@ -487,6 +526,7 @@ def make_app(runtime: Runtime) -> web.Application:
     app.router.add_post("/v1/calls/{call_id}/transfer", transfer_call)
     app.router.add_post("/v1/calls/{call_id}/transfer/complete", complete_transfer)
     app.router.add_post("/v1/calls/{call_id}/transfer/cancel", cancel_transfer)
+    app.router.add_post("/v1/calls/{call_id}/transfer/say", say_to_consult)
     add_sessions_routes(app, runtime)
     return app
 

@@ -29,7 +29,9 @@ QUERY_PARAMETERS: Mapping[str, frozenset[str]] = {
 }
 
 # The routes that read a JSON body, by path as registered; every other route refuses one.
-JSON_BODY_ROUTES: frozenset[str] = frozenset({"/v1/calls", "/v1/calls/{call_id}/transfer"})
+JSON_BODY_ROUTES: frozenset[str] = frozenset(
+    {"/v1/calls", "/v1/calls/{call_id}/transfer", "/v1/calls/{call_id}/transfer/say"}
+)
 
 # The most a body route reads; a request's headers and line are bounded by aiohttp's own limits
 # (8190 bytes a line or field, 128 headers).

@@ -21,6 +21,7 @@ from voicegate.control.http_api import (
     add_sessions_routes,
     prometheus_response,
     read_placement,
+    read_say,
     read_transfer,
 )
 from voicegate.control.http_rules import json_error, new_app
@@ -183,6 +184,15 @@ async def cancel_transfer(request: web.Request) -> web.Response:
     return await _forward(request, "transfer/cancel")
 
 
+async def say_to_consult(request: web.Request) -> web.Response:
+    """Something said to the person an attended transfer consults: the body is checked here
+    (400 names the field) and sent on to the call's worker."""
+    body = await read_say(request)
+    if isinstance(body, web.Response):
+        return body
+    return await _forward(request, "transfer/say", body)
+
+
 async def place_call(request: web.Request) -> web.Response:
     """An outbound call goes to the first ready worker with a free call slot: each is asked in
     turn, and a worker's 503 (no free slot) sends the request on to the next. The body is checked
@@ -254,5 +264,6 @@ def make_pool_app(supervisor: Supervisor) -> web.Application:
     app.router.add_post("/v1/calls/{call_id}/transfer", transfer_call)
     app.router.add_post("/v1/calls/{call_id}/transfer/complete", complete_transfer)
     app.router.add_post("/v1/calls/{call_id}/transfer/cancel", cancel_transfer)
+    app.router.add_post("/v1/calls/{call_id}/transfer/say", say_to_consult)
     add_sessions_routes(app, supervisor)
     return app

@@ -299,7 +299,7 @@ class Metrics:
             "Transfers by mode and outcome (completed, refused: the REFER was, failed: the final "
             "NOTIFY was not 2xx, timed_out: no final NOTIFY in transfer.notify_timeout_s, "
             "caller_left: the caller's BYE came first, canceled: an attended transfer called off "
-            "by the API before the hand-over)",
+            "by the API or the agent before the hand-over, declined: by the person's key)",
             ["mode", "outcome"],
             registry=r,
         )
