@@ -24,6 +24,7 @@ from agents.demo import DemoAgent
 from agents.loading import AgentLoadError, load_factory
 from agents.remote.adapter import RemoteAgentFactory, remote_settings
 from agents.remote.dial import CaFileError
+from agents.speaking_demo import SpeakingDemoAgent
 from audio.barge_in import BargeInConfig
 from audio.prompts import PromptLibrary, default_prompts_dir
 from audio.vad import VadConfig
@@ -136,7 +137,7 @@ def agent_factory(settings: Settings, metrics: Metrics | None = None) -> AgentFa
             raise AgentLoadError(str(exc)) from None
         return RemoteAgentFactory(remote, metrics or Metrics())
     if settings.agent.kind == "demo":
-        return DemoAgent
+        return SpeakingDemoAgent if settings.agent.speech else DemoAgent
     raise ValueError(f"agent.kind {settings.agent.kind!r} has no implementation")
 
 
