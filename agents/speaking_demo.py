@@ -107,7 +107,7 @@ class SpeakingDemoAgent(DemoAgent):
             self._log(heard, "rejected")
             return
         if not heard.accepted:
-            if mode is _Mode.AMOUNT and self.call.rate == 8000:
+            if mode is _Mode.AMOUNT and self._narrowband:
                 self._log(heard, "keypad_offered")
                 self._interrupt_and_say("not_understood", "keypad_amount")
                 return
@@ -122,6 +122,12 @@ class SpeakingDemoAgent(DemoAgent):
         if self._response is not None:
             self._response.cancel()
         self._on_intent(mode, meaning)
+
+    @property
+    def _narrowband(self) -> bool:
+        # The bridge may run at 16 kHz on a G.711 call: what limits recognition is the codec.
+        codec = self.context.codec.upper()
+        return self.context.rate == 8000 or codec.startswith(("PCMA", "PCMU", "G729", "GSM"))
 
     def _interrupt_and_say(self, *prompts: str) -> None:
         if self._response is not None:
