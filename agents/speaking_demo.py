@@ -3,12 +3,13 @@
 What the caller says goes to the process's recognition thread (audio/speech/worker.py), never
 decoded on the media clock thread or the event loop; each utterance comes back to the call's own
 task (``call.call_soon``), is logged as a ``caller_said`` event, and is acted on only if the
-grammar of the current dialog state accepted it. A rejection re-prompts, never guesses; on an
-8 kHz call a rejected amount offers the keypad (spoken amounts through G.711 are unreliable:
-docs/speech.md). A payment is charged only after the caller confirms it (a spoken yes or key 1),
-and the confirmation is in the log before the intent. Dynamic sentences ("You said 59 cents.
-Shall I charge it?") are synthesised by espeak-ng and cached; the rest are the recorded prompts.
-Keys keep working in every state.
+grammar of the current dialog state accepted it; the agent answers once the caller's turn has
+ended, not in a pause mid-sentence. A rejection re-prompts (unless a prompt is already playing),
+never guesses; on a G.711 call a rejected amount offers the keypad (spoken amounts through an
+8 kHz codec are unreliable: docs/speech.md). A payment is charged only after the caller confirms
+it (a spoken yes or key 1), and the confirmation is in the log before the intent. Dynamic
+sentences ("You said 59 cents. Shall I charge it?") are synthesised by espeak-ng and cached; the
+rest are the recorded prompts. Keys keep working in every state.
 """
 
 from __future__ import annotations
@@ -48,6 +49,10 @@ class SpeakingDemoAgent(DemoAgent):
     def __init__(self, context: CallContext, call: CallControl) -> None:
         super().__init__(context, call)
         self._loop: asyncio.AbstractEventLoop | None = None
+        # Between the caller's speech onset and the end of their turn (VAD), utterances wait:
+        # the agent answers when the caller has finished, not in a pause mid-sentence.
+        self._speaking = False
+        self._pending: list[Heard] = []
 
     # The dialog state: switching it switches the grammar the caller is heard with.
     @property
@@ -78,20 +83,59 @@ class SpeakingDemoAgent(DemoAgent):
         # On the recognition thread: hand the utterance to the call's own task.
         loop = self._loop
         if loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(self.call.call_soon, lambda: self._heard(heard))
+            loop.call_soon_threadsafe(self.call.call_soon, lambda: self._on_heard(heard))
+
+    async def on_speech_started(self) -> None:
+        # A turn that never ended (a key press cut it, or the session took no turn): what it
+        # left waiting is superseded by this one.
+        self._drop_pending("superseded")
+        self._speaking = True
 
     async def on_speech_turn(self, duration_ms: int) -> None:
-        """The recogniser answers speech (DemoAgent offers the menu again instead)."""
+        # The recogniser's answer, not DemoAgent's menu: act on what was heard in the turn.
+        self._speaking = False
+        pending, self._pending = self._pending, []
+        if not pending:
+            return
+        accepted = [h for h in pending if h.accepted]
+        chosen = accepted[-1] if accepted else pending[-1]
+        for heard in pending:
+            if heard is not chosen:
+                self._log(heard, "rejected", "superseded")
+        self._heard(chosen)
+
+    async def on_dtmf(self, digit: str) -> None:
+        # A key answers the prompt: speech still waiting for the end of its turn is superseded.
+        self._speaking = False
+        self._drop_pending("superseded by a key")
+        await super().on_dtmf(digit)
+
+    async def on_resumed(self, interruptions: str) -> None:
+        self._speaking = False
+        self._drop_pending("the call was interrupted")
+        await super().on_resumed(interruptions)
+
+    def _drop_pending(self, why: str) -> None:
+        pending, self._pending = self._pending, []
+        for heard in pending:
+            self._log(heard, "rejected", why)
 
     async def on_end(self, reason: str) -> None:
         if self._stream is not None:
             self._stream.close()
 
-    def _log(self, heard: Heard, decision: str) -> None:
+    def _log(self, heard: Heard, decision: str, reason: str = "") -> None:
         self.call.caller_said(
-            heard.text, heard.grammar, heard.confidence, decision, reason=heard.reason,
-            sensitive=heard.grammar == "digits",
+            heard.text, heard.grammar, heard.confidence, decision,
+            reason=reason or heard.reason, sensitive=heard.grammar == "digits",
         )  # fmt: skip
+
+    def _on_heard(self, heard: Heard) -> None:
+        # On the call's task. While the caller is still talking, wait for the end of the turn.
+        if self._speaking:
+            self._pending.append(heard)
+        else:
+            self._heard(heard)
 
     def _heard(self, heard: Heard) -> None:
         try:
@@ -104,9 +148,15 @@ class SpeakingDemoAgent(DemoAgent):
         listening = _GRAMMAR_OF.get(mode)
         if listening is None or heard.grammar != listening:
             # Paying, transferring, ending, or an utterance begun under the previous prompt.
-            self._log(heard, "rejected")
+            why = "not listening" if listening is None else "said under the previous prompt"
+            self._log(heard, "rejected", why)
             return
         if not heard.accepted:
+            if self.call.queued_ms > 0:
+                # Something is being said to the caller (the re-prompt of a moment ago, as the
+                # tail of a long turn comes in): talking over it helps nobody.
+                self._log(heard, "rejected", f"{heard.reason}; a prompt is playing")
+                return
             if mode is _Mode.AMOUNT and self._narrowband:
                 self._log(heard, "keypad_offered")
                 self._interrupt_and_say("not_understood", "keypad_amount")
