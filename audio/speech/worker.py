@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -100,6 +101,7 @@ class RecognitionThread:
         self.dropped = 0  # frames dropped on a full queue
         self.decoded_frames = 0
         self.failures = 0
+        self.cpu_s = 0.0  # the thread's own CPU time spent on items (time.thread_time)
 
     def open(
         self, grammars: Sequence[Grammar], rate: int, deliver: Callable[[Heard], None]
@@ -143,11 +145,13 @@ class RecognitionThread:
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not _STOP:
+            started = time.thread_time()
             try:
                 self._handle(item)
             except Exception:
                 self.failures += 1
                 log.exception("speech.failure")
+            self.cpu_s += time.thread_time() - started
 
     def _handle(self, item: _Item) -> None:
         match item:
