@@ -248,3 +248,12 @@ class SpeakingDemoAgent(DemoAgent):
 
 def speaking_demo(context: CallContext, call: CallControl) -> Agent:
     return SpeakingDemoAgent(context, call)
+
+
+def prepare_speech(calls: int) -> None:
+    """Build the decoders of ``calls`` calls and load espeak-ng now, before calls arrive."""
+    shared_thread().prepare(GRAMMARS, calls)
+    try:
+        _synthesizer.say("Hello.", 16000)
+    except SynthesisError:
+        log.warning("demo.synthesis_unavailable")

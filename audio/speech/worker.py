@@ -59,8 +59,15 @@ class _Close:
     stream: int
 
 
+@dataclass(frozen=True, slots=True)
+class _Prepare:
+    grammars: tuple[Grammar, ...]
+    count: int
+
+
 _STOP: Final = object()
-_Item = _Open | _Audio | _Use | _Close | object
+_Item = _Open | _Audio | _Use | _Close | _Prepare | object
+MAX_SPARE: Final = 8  # decoders kept for reuse per grammar set (about 9 MB each)
 
 
 class SpeechStream:
@@ -95,25 +102,37 @@ class RecognitionThread:
     def __init__(self, max_queued: int = MAX_QUEUED) -> None:
         self._queue: queue.Queue[_Item] = queue.Queue(max_queued)
         self._recognizers: dict[int, tuple[Recognizer, Callable[[Heard], None]]] = {}
+        self._spare: dict[tuple[Grammar, ...], list[Recognizer]] = {}
         self._next = 0
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self.dropped = 0  # frames dropped on a full queue
         self.decoded_frames = 0
         self.failures = 0
+        self.decoders_built = 0
         self.cpu_s = 0.0  # the thread's own CPU time spent on items (time.thread_time)
 
-    def open(
-        self, grammars: Sequence[Grammar], rate: int, deliver: Callable[[Heard], None]
-    ) -> SpeechStream:
-        """A new stream at ``rate`` Hz listening with ``grammars[0]``; its decoder is built on
-        the thread. ``deliver`` is called on the thread with each utterance."""
+    def prepare(self, grammars: Sequence[Grammar], count: int = 1) -> None:
+        """Build ``count`` decoders for ``grammars`` now (at start-up), so that the first calls
+        do not build theirs while other calls are running."""
+        self._start()
+        self._put(_Prepare(tuple(grammars), count), droppable=False)
+
+    def _start(self) -> None:
         with self._lock:
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name="voicegate-speech", daemon=True
                 )
                 self._thread.start()
+
+    def open(
+        self, grammars: Sequence[Grammar], rate: int, deliver: Callable[[Heard], None]
+    ) -> SpeechStream:
+        """A new stream at ``rate`` Hz listening with ``grammars[0]``; its decoder is built on
+        the thread. ``deliver`` is called on the thread with each utterance."""
+        self._start()
+        with self._lock:
             self._next += 1
             stream = self._next
         self._put(_Open(stream, tuple(grammars), rate, deliver), droppable=False)
@@ -167,9 +186,26 @@ class RecognitionThread:
                 if (found := self._recognizers.get(stream)) is not None:
                     found[0].use(grammar)
             case _Open(stream, grammars, rate, deliver):
-                self._recognizers[stream] = (Recognizer(grammars, rate, seed=stream), deliver)
+                spare = self._spare.get(grammars)
+                if spare:
+                    recognizer = spare.pop()
+                    recognizer.restart(rate, seed=stream)
+                else:
+                    recognizer = Recognizer(grammars, rate, seed=stream)
+                    self.decoders_built += 1
+                self._recognizers[stream] = (recognizer, deliver)
             case _Close(stream):
-                self._recognizers.pop(stream, None)
+                found = self._recognizers.pop(stream, None)
+                if found is not None:
+                    kept = self._spare.setdefault(found[0].grammars, [])
+                    if len(kept) < MAX_SPARE:
+                        found[0].reset()
+                        kept.append(found[0])
+            case _Prepare(grammars, count):
+                kept = self._spare.setdefault(grammars, [])
+                while len(kept) < min(count, MAX_SPARE):
+                    kept.append(Recognizer(grammars, 16000))
+                    self.decoders_built += 1
 
 
 _shared: RecognitionThread | None = None

@@ -5,6 +5,7 @@ what the demo's grammars accept."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -112,6 +113,37 @@ def test_results_come_from_the_recognition_thread_never_the_callers() -> None:
     ((heard, thread),) = got
     assert heard.text == "goodbye" and thread == "voicegate-speech"
     assert thread != threading.current_thread().name
+
+
+def test_a_decoder_is_built_ahead_and_reused_clean_by_the_next_call() -> None:
+    worker = RecognitionThread()
+    got: list[tuple[str, Heard]] = []
+    done = threading.Event()
+
+    def deliver_to(name: str) -> Callable[[Heard], None]:
+        def deliver(heard: Heard) -> None:
+            got.append((name, heard))
+            done.set()
+
+        return deliver
+
+    worker.prepare(GRAMMARS, 1)
+    first = worker.open(GRAMMARS, 8000, deliver_to("first"))
+    first.use("confirm")
+    half = _spoken("make a payment", 8000)[: 8000]  # ends mid-utterance
+    for start in range(0, len(half) - 159, 160):
+        first.feed(half[start : start + 160])
+    first.close()
+    second = worker.open(GRAMMARS, 16000, deliver_to("second"))
+    audio = _spoken("make a payment", 16000)
+    for start in range(0, len(audio) - 319, 320):
+        second.feed(audio[start : start + 320])
+    assert done.wait(10)
+    second.close()
+    worker.stop()
+    assert worker.decoders_built == 1
+    ((name, heard),) = got
+    assert (name, heard.grammar, heard.text) == ("second", "menu", "make a payment")
 
 
 def test_a_full_queue_drops_frames_and_counts_them_instead_of_waiting() -> None:
