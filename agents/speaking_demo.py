@@ -53,6 +53,7 @@ class SpeakingDemoAgent(DemoAgent):
         # the agent answers when the caller has finished, not in a pause mid-sentence.
         self._speaking = False
         self._pending: list[Heard] = []
+        self._dropping = False
 
     # The dialog state: switching it switches the grammar the caller is heard with.
     @property
@@ -77,7 +78,10 @@ class SpeakingDemoAgent(DemoAgent):
         if stream is None:
             stream = self._stream = shared_thread().open(GRAMMARS, frame.rate, self._deliver)
             stream.use(_GRAMMAR_OF.get(self.mode, "menu"))
-        stream.feed(frame.samples)
+        if not stream.feed(frame.samples) and not self._dropping:
+            # The recognition thread is that far behind: recognition loses audio, the call none.
+            self._dropping = True
+            log.warning("demo.speech_frames_dropped", extra={"call_id": self.context.call_id})
 
     def _deliver(self, heard: Heard) -> None:
         # On the recognition thread: hand the utterance to the call's own task.

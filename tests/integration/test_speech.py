@@ -76,6 +76,8 @@ def test_both_calls_pay_59_cents_once_each(calls: tuple[Server, Provider]) -> No
     assert sorted((c["amount_cents"], c["currency"]) for c in charges) == [(59, "EUR")] * 2
     assert len({c["key"] for c in charges}) == 2
     assert server.metric("voicegate_tool_calls_total", tool="charge", outcome="committed") == 2
+    assert server.metric("voicegate_caller_said_total", decision="confirmed") == 2
+    assert server.metric("voicegate_caller_said_total", decision="rejected") >= 2
 
 
 @pytest.mark.parametrize("codec", list(CODECS))

@@ -106,6 +106,8 @@ class AgentControl:
             and not session.terminal
             and self._steps.try_apply(said)
         )
+        if applied:
+            self._services.metrics.caller_said.labels(decision).inc()
         self._spoken_confirmation = bool(applied) and decision == SpeechDecision.CONFIRMED
 
     def transfer(self, target: str | None = None, *, mode: str | None = None) -> str | None:

@@ -20,7 +20,14 @@ from prometheus_client import (
 
 from agents.base import AGENT_CALLS, RESPONSE_ENDINGS
 from agents.remote.protocol import ERROR_CODES
-from session.vocabulary import Interruption, LegOutcome, Outcome, RecoveryOutcome, Terminal
+from session.vocabulary import (
+    Interruption,
+    LegOutcome,
+    Outcome,
+    RecoveryOutcome,
+    SpeechDecision,
+    Terminal,
+)
 
 # Why the control API refused a request (voicegate/control/auth.py); a closed vocabulary.
 API_REFUSAL_REASONS = ("missing_key", "wrong_key", "other_tenant", "metrics_off")
@@ -220,6 +227,13 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.caller_said = Counter(
+            "voicegate_caller_said_total",
+            "Utterances an agent's recogniser heard and logged (caller_said), by the decision "
+            "taken: accepted, confirmed, rejected, reprompted, keypad_offered",
+            ["decision"],
+            registry=r,
+        )
         self.barge_in_latency = Histogram(
             "voicegate_barge_in_latency_seconds",
             "From the caller's speech onset to the end of the last agent frame sent",
@@ -366,6 +380,8 @@ class Metrics:
             self.reconciliations.labels(receipt)
         for reason in ("speech", "dtmf"):
             self.barge_ins.labels(reason)
+        for decision in SpeechDecision:
+            self.caller_said.labels(decision)
         for call in AGENT_CALLS:
             self.agent_failures.labels(call)
         for ending in RESPONSE_ENDINGS:
