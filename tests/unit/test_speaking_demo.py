@@ -4,6 +4,7 @@ real in test_speech.py and tests/integration/test_speech.py)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -142,3 +143,16 @@ def test_goodbye_by_voice_ends_the_call() -> None:
     agent, call = _agent()
     agent._on_heard(_heard("goodbye", "menu"))
     assert call.hangups and agent.mode is _Mode.ENDING
+
+
+async def test_the_confirmation_is_synthesised_off_the_loop_and_then_played() -> None:
+    agent, call = _agent()
+    agent._loop = asyncio.get_running_loop()
+    agent.mode = _Mode.AMOUNT
+    agent._on_heard(_heard("fifty nine cents", "amount"))
+    assert call.played == []  # the response is open; its audio is being made on another thread
+    for _ in range(200):
+        if call.played:
+            break
+        await asyncio.sleep(0.01)
+    assert call.played[0].startswith("<") and call.played[1:] == ["say_yes_or_no"]
