@@ -221,6 +221,23 @@ class CallControl(Protocol):
         (call this from :meth:`Agent.on_dtmf`)."""
         ...
 
+    def caller_said(
+        self,
+        text: str,
+        grammar: str,
+        confidence: float,
+        decision: str,
+        *,
+        reason: str = "",
+        sensitive: bool = False,
+    ) -> None:
+        """Log an utterance your recogniser heard as a ``caller_said`` event: its words, the
+        grammar, the recogniser's confidence and your ``decision`` (``accepted``,
+        ``confirmed``, ``rejected``, ``reprompted``, ``keypad_offered``; else ValueError).
+        Digit runs are masked (all digits with ``sensitive``). ``confirmed`` is the caller's
+        spoken yes to a write: the next :meth:`request_tool` counts as approved for a tool with
+        ``approval = "caller"``."""
+
     def transfer(
         self, target: str | None = None, *, mode: str | None = None, complete: str | None = None
     ) -> str | None:

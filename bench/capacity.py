@@ -6,6 +6,7 @@ Prints figures, never passes or fails (STYLE.md; tests assert behaviour, benchma
     python bench/capacity.py --steps 4,8 --hold 10 --rates 10,20   # a quick look
     python bench/capacity.py --resample-quality 4     # PJSIP's small resampling filter, both sides
     python bench/capacity.py --clock-rate 8000        # a narrowband bridge, both sides
+    python bench/capacity.py --speech                 # the demo agent recognising every caller
 
 For each step it starts N SIPp callers through the pool's Kamailio (a pool of ceil(N_max / 4)
 workers, 4 calls each), waits until all N are answered, then for ``--hold`` seconds measures:
@@ -524,6 +525,11 @@ def main() -> int:
         "--tick-ms", type=int, choices=(20, 40, 60), default=AudioSettings().tick_ms,
         help="audio.tick_ms of the pool's workers (default: voicegate's)",
     )  # fmt: skip
+    parser.add_argument(
+        "--speech", action="store_true",
+        help="the demo agent with speech (agent.speech): every caller's audio is recognised; "
+        "without it the demo takes no audio, the agent the capacity targets are for",
+    )  # fmt: skip
     parser.add_argument("--work", help="keep logs and captures here (default: a temp dir)")
     args = parser.parse_args()
     steps = [int(x) for x in args.steps.split(",")]
@@ -535,10 +541,12 @@ def main() -> int:
         f"voicegate capacity: {workers} workers x 4 calls behind Kamailio, {os.cpu_count()} cores"
     )
     print(f"  work dir: {work}")
+    print(f"  agent: the demo {'with speech' if args.speech else 'without speech (no audio)'}")
     media = BridgeMedia(args.resample_quality, args.clock_rate)
     settings = {
         "VOICEGATE_MEDIA_PORT": args.media_port,
         "VOICEGATE_AUDIO_TICK_MS": str(args.tick_ms),
+        "VOICEGATE_AGENT_SPEECH": "true" if args.speech else "false",
     }
     pool = Pool(work, workers, media, settings)
     pool.start()

@@ -520,6 +520,15 @@ class AgentSettings:
             "checked at start-up",
         ),
     )
+    speech: bool = field(
+        default=True,
+        metadata=key(
+            boolean(),
+            "With kind = demo: the demo agent also understands speech (pocketsphinx, one grammar "
+            "per step, on a thread of its own) and says dynamic sentences (espeak-ng); false = "
+            "keys only, and no caller audio is decoded (docs/speech.md)",
+        ),
+    )
     prompts_dir: Path | None = field(
         default=None,
         metadata=key(

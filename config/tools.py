@@ -18,7 +18,7 @@ from urllib.parse import quote, urlsplit
 TOOL_ENV_PREFIX = "VOICEGATE_TOOL_"
 _NAME = re.compile(r"[a-z][a-z0-9]{0,31}")
 KINDS = ("read", "write")
-APPROVALS = ("none", "dtmf")
+APPROVALS = ("none", "dtmf", "caller")
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +41,7 @@ DEFAULT_TOOLS: dict[str, dict[str, Any]] = {
         "endpoint": "http://127.0.0.1:8090/v1/charges",
         "status_endpoint": "http://127.0.0.1:8090/v1/charges/{key}",
         "timeout_s": 5.0,
-        "approval": "dtmf",
+        "approval": "caller",
         "enabled": True,
     }
 }
@@ -51,7 +51,8 @@ KEY_DOCS = {
     "endpoint": "http(s) URL the request is POSTed to, with an Idempotency-Key header",
     "status_endpoint": "URL with {key}, GET to learn a request's outcome (write tools)",
     "timeout_s": "seconds to wait for the response before the outcome counts as unknown",
-    "approval": "none, or dtmf: the caller confirms by key press before a write runs",
+    "approval": "none; dtmf: the caller confirms by key press before a write runs; caller: by "
+    "key press or by voice (a spoken yes the session logs as caller_said, the demo agent)",
     "enabled": "false removes the tool (also the built-in charge tool)",
 }
 

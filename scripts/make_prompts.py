@@ -59,6 +59,13 @@ PROMPTS: dict[str, str] = {
     "payment_canceled": "Payment canceled. Nothing was charged.",
     "payment_unavailable": "Payments are not available right now. Nothing was charged.",
     "payment_pending": "That payment is still being processed.",
+    # The demo agent's speech (agent.speech): what to say, and what happens when it was not heard.
+    "speech_hint": "Or just say what you want: make a payment, talk to a person, or goodbye.",
+    "say_amount": "Say the amount, for example fifty nine cents, or key it in and press hash.",
+    "say_digits": "Say your digits, or key them in and press hash.",
+    "not_understood": "Sorry, I did not catch that.",
+    "keypad_amount": "Please key in the amount in cents on your keypad, then press hash.",
+    "say_yes_or_no": "Please say yes or no, or press 1 to pay, or star to cancel.",
     # What the session machine says when a call ends on a deadline (session/machine.py, Say).
     "timed_out": "I am sorry, I could not restore the connection in time. "
     "Nothing else will be done on this call. Goodbye.",

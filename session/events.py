@@ -330,6 +330,20 @@ class ApprovalGiven(Event):
     approval_id: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class CallerSaid(Event):
+    """An utterance the agent's recogniser heard, and what the agent did with it. ``text`` has
+    digit runs masked (never a card number or a code); ``decision``: one of
+    :data:`session.vocabulary.SPEECH_DECISIONS`; ``reason`` why it was rejected, if it was."""
+
+    type: ClassVar[str] = "caller_said"
+    text: str = ""
+    grammar: str = ""
+    confidence: float = 0.0
+    decision: str = "accepted"
+    reason: str = ""
+
+
 # --- time and people ----------------------------------------------------------------------------
 
 
@@ -426,6 +440,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         ToolRequestSent,
         ToolReceipt,
         ApprovalGiven,
+        CallerSaid,
         DeadlineFired,
         RecoveryRetryDue,
         RecoveryProbed,

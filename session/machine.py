@@ -65,6 +65,7 @@ from session.state import (
 from session.vocabulary import (
     INTENT_KINDS,
     RECEIPT_OUTCOMES,
+    SPEECH_DECISIONS,
     EndingStage,
     IntentKind,
     IntentStage,
@@ -449,6 +450,13 @@ def _on_tool_receipt(state: SessionState, event: ev.ToolReceipt, now: float) -> 
     return state, out
 
 
+def _on_caller_said(state: SessionState, event: ev.CallerSaid, now: float) -> Result:
+    # A record for the log (what the caller said and what was made of it); it moves nothing.
+    if event.decision not in SPEECH_DECISIONS:
+        raise IllegalTransition(state, event, f"unknown speech decision {event.decision!r}")
+    return state, []
+
+
 def _on_approval_given(state: SessionState, event: ev.ApprovalGiven, now: float) -> Result:
     if event.approval_id in state.approvals:
         raise IllegalTransition(state, event, f"approval {event.approval_id} was already given")
@@ -729,6 +737,7 @@ TRANSITIONS: Mapping[type[ev.Event], Rule[Any]] = {rule.event: rule for rule in 
     Rule(ev.ToolRequestSent, AFTER_OFFER, _on_tool_request_sent),
     Rule(ev.ToolReceipt, AFTER_OFFER, _on_tool_receipt),
     Rule(ev.ApprovalGiven, CALL_UP, _on_approval_given, _NOT_UP),
+    Rule(ev.CallerSaid, CALL_UP, _on_caller_said, Ignore("the call is not up")),
     # time and people
     Rule(ev.DeadlineFired, AFTER_OFFER, _on_deadline_fired),
     Rule(ev.RecoveryRetryDue, AFTER_OFFER, _on_recovery_retry_due),

@@ -107,6 +107,21 @@ class LegOutcome(enum.StrEnum):
 LEG_OUTCOMES: Final = tuple(o.value for o in LegOutcome)
 
 
+class SpeechDecision(enum.StrEnum):
+    """What an agent did with an utterance (events.CallerSaid): acted on it, took it as the
+    caller's confirmation of a write (the approval), asked again because the recogniser rejected
+    it or it made no sense in the dialog state, or offered the keypad instead."""
+
+    ACCEPTED = "accepted"
+    CONFIRMED = "confirmed"
+    REJECTED = "rejected"
+    REPROMPTED = "reprompted"
+    KEYPAD_OFFERED = "keypad_offered"
+
+
+SPEECH_DECISIONS: Final = tuple(d.value for d in SpeechDecision)
+
+
 class BadOwnerId(ValueError):
     """Text that is not ``<worker>/<incarnation>``."""
 

@@ -24,6 +24,7 @@ from agents.demo import DemoAgent
 from agents.loading import AgentLoadError, load_factory
 from agents.remote.adapter import RemoteAgentFactory, remote_settings
 from agents.remote.dial import CaFileError
+from agents.speaking_demo import SpeakingDemoAgent, prepare_speech
 from audio.barge_in import BargeInConfig
 from audio.prompts import PromptLibrary, default_prompts_dir
 from audio.vad import VadConfig
@@ -155,7 +156,7 @@ def agent_factory(settings: Settings, metrics: Metrics | None = None) -> AgentFa
             raise AgentLoadError(str(exc)) from None
         return RemoteAgentFactory(remote, metrics or Metrics())
     if settings.agent.kind == "demo":
-        return DemoAgent
+        return SpeakingDemoAgent if settings.agent.speech else DemoAgent
     raise ValueError(f"agent.kind {settings.agent.kind!r} has no implementation")
 
 
@@ -182,6 +183,10 @@ class Runtime:
         self._prompts = PromptLibrary(Path(prompts_dir))
         self.tenants = tenants_of(settings)
         self._agent_factories = agent_factories(settings, self.metrics)
+        if SpeakingDemoAgent in self._agent_factories.values():
+            # A decoder for each call this process can hold, built now on the recognition
+            # thread: building one during a call holds the GIL for 15 to 25 ms.
+            prepare_speech(settings.pool.calls_per_worker)
         self.answer_after_s = settings.sip.answer_after_s
         self.resume_ttl_s = settings.session.resume_ttl_s
         # A crash window after a write is after it is durable: flush the writer first.

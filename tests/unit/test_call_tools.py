@@ -126,3 +126,51 @@ async def test_the_same_intent_twice_is_one_charge_and_the_original_outcome(
         assert services.metrics.tool_duplicates_prevented.labels("charge")._value.get() == 1
     writer.close()
     store.close()
+
+
+@pytest.mark.parametrize(("approval", "sent"), [("dtmf", False), ("caller", True)])
+async def test_a_spoken_yes_approves_only_a_tool_that_takes_the_callers_voice(
+    tmp_path: Path, provider: TestServer, approval: str, sent: bool
+) -> None:
+    base = str(provider.make_url(""))
+    tool = ToolSettings(
+        "charge", "write", f"{base}/v1/charges", f"{base}/v1/charges/{{key}}", 2.0, approval
+    )
+    store = SqliteSessionStore(tmp_path / "s.sqlite3")
+    async with aiohttp.ClientSession() as http:
+        writer = StoreWriter(lambda: SqliteSessionStore(tmp_path / "s.sqlite3"))
+        services = Services(store, writer, ToolClient(http), {"charge": tool})
+        session, _ = DurableSession.create(
+            store, "s1", owner="w/1", meta={}, offered=sev.CallOffered(), now=time.time()
+        )
+        queue: asyncio.Queue[object] = asyncio.Queue()
+
+        def apply(event: sev.Event) -> list[fx.Effect]:
+            effects = session.apply(event, time.time())
+            for effect in effects:
+                if isinstance(effect, fx.SendToolRequest):
+                    intent = next(o for o in session.state.outstanding if o.key == effect.key)
+                    tools.send(intent, tools.persist_intent(intent))
+            return effects
+
+        tools = CallTools(
+            "s1", services, apply=apply, post=queue.put_nowait, current_turn=lambda: "t1",
+            find_outstanding=lambda key: next(
+                (o for o in session.state.outstanding if o.key == key), None
+            ),
+            durable=lambda: None, wall=time.time,
+        )  # fmt: skip
+        apply(sev.CallAnswered())
+        apply(sev.TurnStarted("t1"))
+        apply(sev.TurnCommitted("t1"))
+        args: dict[str, Any] = {"amount_cents": 59, "currency": "EUR", "account": "a1"}
+        tools.request("charge", args, None, approved=False, spoken=True)
+        result = await asyncio.wait_for(queue.get(), 5)
+        if sent:
+            assert isinstance(result, ToolDone) and result.outcome.outcome == "committed"
+            assert [e.type for e in store.events("s1")].count("approval_given") == 1
+        else:
+            assert isinstance(result, ToolRefused) and result.result.outcome == "refused"
+            assert "by key press" in result.result.detail["reason"]
+            assert not [e for e in store.events("s1") if e.type == "tool_intent"]
+        await asyncio.to_thread(writer.flush)

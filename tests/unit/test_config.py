@@ -126,7 +126,7 @@ def defaults_in(cwd: Path) -> Settings:
                 endpoint="http://127.0.0.1:8090/v1/charges",
                 status_endpoint="http://127.0.0.1:8090/v1/charges/{key}",
                 timeout_s=5.0,
-                approval="dtmf",
+                approval="caller",
             ),
         ),
     )

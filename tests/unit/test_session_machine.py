@@ -858,6 +858,7 @@ SAMPLES: list[ev.Event] = [
     ev.ToolRequestSent("k1"),
     ev.ToolReceipt("k1", "failed", "card declined"),
     ev.ApprovalGiven("a1"),
+    ev.CallerSaid("fifty nine cents", "amount", 0.62, "accepted"),
     ev.DeadlineFired("honesty", 2),
     ev.RecoveryRetryDue(2, 3),
     ev.RecoveryProbed(2, 1, 481, "Call/Transaction Does Not Exist"),

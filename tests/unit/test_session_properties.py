@@ -173,6 +173,13 @@ def blind_strategies(generation: int, current_attempt: int) -> EventStrategies:
         ),
         ev.ToolRequestSent: st.builds(ev.ToolRequestSent, key=keys),
         ev.ApprovalGiven: st.builds(ev.ApprovalGiven, approval_id=st.sampled_from(APPROVALS)),
+        ev.CallerSaid: st.builds(
+            ev.CallerSaid,
+            text=st.sampled_from(["yes", "fifty nine cents", ""]),
+            grammar=st.just("confirm"),
+            confidence=st.just(0.6),
+            decision=st.sampled_from(["accepted", "confirmed", "rejected", "bogus"]),
+        ),
         ev.ToolReceipt: st.builds(
             ev.ToolReceipt,
             key=keys,

@@ -13,7 +13,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from audio.speech.masking import mask_digits
 from session import events as sev
+from session.vocabulary import SpeechDecision
 from voicegate.call.acting import SessionSteps
 from voicegate.call.call_state import CallState
 from voicegate.call.hangup import HangingUp, HangupPlan
@@ -53,6 +55,8 @@ class AgentControl:
         self._transfer = transfer
         self._steps = steps
         self._post = post
+        # Set by a caller_said "confirmed", taken by the next tool request (the spoken yes).
+        self._spoken_confirmation = False
         responses.on_admitted = self._admitted
 
     @property
@@ -77,8 +81,40 @@ class AgentControl:
     def request_tool(
         self, tool: str, arguments: Mapping[str, Any], *, key: str | None = None
     ) -> str:
-        # Approval by key press: only a request made while handling the caller's DTMF counts.
-        return self._tools.request(tool, arguments, key, approved=self._turns.in_dtmf)
+        # Approval by key press: only a request made while handling the caller's DTMF counts;
+        # by voice: only the request right after a logged spoken confirmation.
+        spoken, self._spoken_confirmation = self._spoken_confirmation, False
+        return self._tools.request(
+            tool, arguments, key, approved=self._turns.in_dtmf, spoken=spoken
+        )
+
+    def caller_said(
+        self,
+        text: str,
+        grammar: str,
+        confidence: float,
+        decision: str,
+        *,
+        reason: str = "",
+        sensitive: bool = False,
+    ) -> None:
+        if decision not in set(SpeechDecision):
+            known = ", ".join(SpeechDecision)
+            raise ValueError(f"decision {decision!r} is not one of {known}")
+        said = sev.CallerSaid(
+            mask_digits(text, sensitive=sensitive), grammar, round(confidence, 3), decision,
+            reason,
+        )  # fmt: skip
+        session = self._state.session_state
+        applied = (
+            self._steps is not None
+            and session is not None
+            and not session.terminal
+            and self._steps.try_apply(said)
+        )
+        if applied:
+            self._services.metrics.caller_said.labels(decision).inc()
+        self._spoken_confirmation = bool(applied) and decision == SpeechDecision.CONFIRMED
 
     def transfer(
         self, target: str | None = None, *, mode: str | None = None, complete: str | None = None

@@ -21,7 +21,14 @@ from prometheus_client import (
 from agents.base import AGENT_CALLS, RESPONSE_ENDINGS
 from agents.remote.protocol import ERROR_CODES
 from session.resume import ResumeResult
-from session.vocabulary import Interruption, LegOutcome, Outcome, RecoveryOutcome, Terminal
+from session.vocabulary import (
+    Interruption,
+    LegOutcome,
+    Outcome,
+    RecoveryOutcome,
+    SpeechDecision,
+    Terminal,
+)
 
 # Why the control API refused a request (voicegate/control/auth.py); a closed vocabulary.
 API_REFUSAL_REASONS = ("missing_key", "wrong_key", "other_tenant", "metrics_off")
@@ -230,6 +237,13 @@ class Metrics:
             ["reason", "outcome"],
             registry=r,
         )
+        self.caller_said = Counter(
+            "voicegate_caller_said_total",
+            "Utterances an agent's recogniser heard and logged (caller_said), by the decision "
+            "taken: accepted, confirmed, rejected, reprompted, keypad_offered",
+            ["decision"],
+            registry=r,
+        )
         self.barge_in_latency = Histogram(
             "voicegate_barge_in_latency_seconds",
             "From the caller's speech onset to the end of the last agent frame sent",
@@ -387,6 +401,8 @@ class Metrics:
         for reason in ("speech", "dtmf"):
             for judged in ("confirmed", "false"):
                 self.barge_ins.labels(reason, judged)
+        for decision in SpeechDecision:
+            self.caller_said.labels(decision)
         for call in AGENT_CALLS:
             self.agent_failures.labels(call)
         for ending in RESPONSE_ENDINGS:

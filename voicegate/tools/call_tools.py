@@ -92,8 +92,17 @@ class CallTools:
     # --- asked by the agent (inside the call's task) -----------------------------------------
 
     def request(
-        self, tool_name: str, arguments: Mapping[str, Any], key: str | None, approved: bool
+        self,
+        tool_name: str,
+        arguments: Mapping[str, Any],
+        key: str | None,
+        approved: bool,
+        *,
+        spoken: bool = False,
     ) -> str:
+        """``approved``: asked while the caller's key press is handled; ``spoken``: asked right
+        after the caller's spoken confirmation was logged (a ``caller_said`` ``confirmed``),
+        which only a tool with ``approval = "caller"`` takes as approval."""
         services = self.services
         turn_id = self.current_turn()
         digest = intent_digest(tool_name, arguments, self.session_id, turn_id)
@@ -111,11 +120,13 @@ class CallTools:
             detail = dict(receipt.detail) if receipt else {}
             self.post(ToolRefused(ToolResult(tool_name, key, outcome, detail, duplicate=True)))
             return key
-        if tool.kind == "write" and tool.approval == "dtmf" and not approved:
-            return self._refuse(tool_name, key, "the caller has not confirmed it by key press")
+        needs_approval = tool.kind == "write" and tool.approval != "none"
+        if needs_approval and not (approved or (spoken and tool.approval == "caller")):
+            how = "by key press" if tool.approval == "dtmf" else "by key press or by voice"
+            return self._refuse(tool_name, key, f"the caller has not confirmed it {how}")
         services.faults.reached("before_intent_persist")
         try:
-            if tool.kind == "write" and tool.approval == "dtmf":
+            if needs_approval:
                 self.apply(sev.ApprovalGiven(f"{turn_id}:{digest[:16]}"))
             self.apply(sev.ToolIntent(key, tool_name, tool.kind, digest, turn_id, dict(arguments)))
         except GateClosed:
