@@ -33,7 +33,7 @@ from config.tenant_loader import tenants_of
 from config.tenants import DEFAULT_TENANT
 from config.tools import ToolSettings
 from session import effects as fx
-from session.reaper import expire_away, reap_predecessors, reap_stale
+from session.reaper import expire_away, expire_dropped, reap_predecessors, reap_stale
 from session.resume import ResumeRecord
 from session.state import Policy
 from session.store import SessionStore
@@ -255,6 +255,7 @@ class Runtime:
             no_input_grace_s=s.no_input_grace_s,
             transfer_timeout_s=self.transfer_for(tenant).notify_timeout_s,
             resume_ttl_s=s.resume_ttl_s,
+            callback_window_s=s.callback_window_s,
         )
         return dataclasses.asdict(policy)
 
@@ -303,6 +304,12 @@ class Runtime:
         )
         if expired:
             self.metrics.sessions_ended.labels(Terminal.COMPLETED).inc(len(expired))
+        # Dropped sessions nobody called back (session/callback.py): timed out, as at the drop.
+        lapsed = await asyncio.wrap_future(
+            self.writer.submit(lambda store: expire_dropped(store, me=me, now=at))
+        )
+        if lapsed:
+            self.metrics.sessions_ended.labels(Terminal.TIMED_OUT).inc(len(lapsed))
         return reaped
 
     # --- lifecycle ------------------------------------------------------------------------------

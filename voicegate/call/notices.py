@@ -123,4 +123,6 @@ class AgentNotices:
         ended = state.ended if state else None
         if state is not None and state.away_until is not None:
             return "transferred"  # away, not ended: the caller may come back (session/away.py)
+        if state is not None and state.dropped_until is not None:
+            return state.dropped_reason  # dropped, not ended: may call back (session/callback.py)
         return ended.reason if ended else "call ended"
