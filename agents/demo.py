@@ -16,7 +16,7 @@ import enum
 import logging
 from collections.abc import Sequence
 
-from agents.base import Agent, Response, ToolResult
+from agents.base import Agent, MarkOutcome, Response, ToolResult
 
 log = logging.getLogger("voicegate.agent.demo")
 
@@ -50,9 +50,18 @@ class _Mode(enum.Enum):
     ENDING = "ending"
 
 
+# The mark after the resume code's read-out: a payment's outcome waits for it (the caller must
+# hear the whole code, or a callback after a drop cannot continue the session).
+_CODE_READ = "resume_code_read"
+
+
 class DemoAgent(Agent):
     mode = _Mode.MENU
     _response: Response | None = None
+    _reading_code = False
+    _waiting: ToolResult | None = None  # a payment's outcome, told once the code is read out
+    # Back after a drop with the payment still being reconciled: its outcome comes later.
+    _late_outcome = False
 
     def _say(self, *prompts: str) -> None:
         """Say ``prompts`` as one response, after what is still playing (which it supersedes)."""
@@ -80,7 +89,28 @@ class DemoAgent(Agent):
         if outcome is not None:
             self._say(_OUTCOME_PROMPTS.get(outcome, "payment_unavailable"), "menu")
         else:
+            self._late_outcome = True
             self._say("sorry_lost_you", "menu")
+
+    async def on_resume_code(self, code: str) -> None:
+        # "If we get cut off, call back and enter 4 7 1 9 ..." (docs/tenants.md, Coming back);
+        # the code is never logged.
+        self._reading_code = True
+        response = self._response = self.call.respond()
+        response.play_prompt("resume_code_intro")
+        for digit in code:
+            response.play_prompt(_DIGIT_PROMPTS[digit])
+        response.play_prompt("payment_processing")
+        response.mark(_CODE_READ)
+        response.done()
+
+    async def on_mark(self, mark: MarkOutcome) -> None:
+        if mark.mark_id != _CODE_READ:
+            return
+        self._reading_code = False
+        waiting, self._waiting = self._waiting, None
+        if waiting is not None:
+            self._tell_outcome(waiting)
 
     async def on_dtmf(self, digit: str) -> None:
         if self.mode in (_Mode.ENDING, _Mode.PAYING, _Mode.TRANSFERRING):
@@ -198,8 +228,17 @@ class DemoAgent(Agent):
             self._say("menu")
 
     async def on_tool_result(self, result: ToolResult) -> None:
-        if result.tool != PAYMENT_TOOL or self.mode is not _Mode.PAYING:
+        if result.tool != PAYMENT_TOOL:
             return
+        if self.mode is not _Mode.PAYING and not self._late_outcome:
+            return
+        self._late_outcome = False
+        if self._reading_code:
+            self._waiting = result  # after the code (on_mark)
+            return
+        self._tell_outcome(result)
+
+    def _tell_outcome(self, result: ToolResult) -> None:
         self.mode = _Mode.MENU
         log.info(
             "demo.payment",

@@ -44,6 +44,12 @@ class AgentNotices:
         """Queue a cut, a gate move or a transfer update for the call's task to deliver."""
         self._post(AgentNotice(type(payload).__name__, "", payload))
 
+    async def resume_code(self, code: str) -> None:
+        """The session's resume code, for the agent to read out while the caller is there."""
+        agent = self._state.agent
+        if agent is not None and self._state.phase is CallPhase.ANSWERED:
+            await agent.on_resume_code(code)
+
     async def deliver(self, notice: AgentNotice) -> None:
         """A NotifyAgent or StopGeneration effect, delivered from the call's task."""
         agent = self._state.agent
