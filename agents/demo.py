@@ -16,7 +16,7 @@ import enum
 import logging
 from collections.abc import Sequence
 
-from agents.base import Agent, MarkOutcome, Response, ToolResult
+from agents.base import Agent, Response, ToolResult
 
 log = logging.getLogger("voicegate.agent.demo")
 
@@ -50,16 +50,12 @@ class _Mode(enum.Enum):
     ENDING = "ending"
 
 
-# The mark after the resume code's read-out: a payment's outcome waits for it (the caller must
-# hear the whole code, or a callback after a drop cannot continue the session).
-_CODE_READ = "resume_code_read"
-
-
 class DemoAgent(Agent):
     mode = _Mode.MENU
     _response: Response | None = None
-    _reading_code = False
-    _waiting: ToolResult | None = None  # a payment's outcome, told once the code is read out
+    # The resume code's read-out, left open so that the payment's outcome follows it in the same
+    # response (the caller hears the whole code, then the outcome, without a cut).
+    _code_response: Response | None = None
     # Back after a drop with the payment still being reconciled: its outcome comes later.
     _late_outcome = False
 
@@ -95,22 +91,11 @@ class DemoAgent(Agent):
     async def on_resume_code(self, code: str) -> None:
         # "If we get cut off, call back and enter 4 7 1 9 ..." (docs/tenants.md, Coming back);
         # the code is never logged.
-        self._reading_code = True
-        response = self._response = self.call.respond()
+        response = self._response = self._code_response = self.call.respond()
         response.play_prompt("resume_code_intro")
         for digit in code:
             response.play_prompt(_DIGIT_PROMPTS[digit])
         response.play_prompt("payment_processing")
-        response.mark(_CODE_READ)
-        response.done()
-
-    async def on_mark(self, mark: MarkOutcome) -> None:
-        if mark.mark_id != _CODE_READ:
-            return
-        self._reading_code = False
-        waiting, self._waiting = self._waiting, None
-        if waiting is not None:
-            self._tell_outcome(waiting)
 
     async def on_dtmf(self, digit: str) -> None:
         if self.mode in (_Mode.ENDING, _Mode.PAYING, _Mode.TRANSFERRING):
@@ -233,12 +218,6 @@ class DemoAgent(Agent):
         if self.mode is not _Mode.PAYING and not self._late_outcome:
             return
         self._late_outcome = False
-        if self._reading_code:
-            self._waiting = result  # after the code (on_mark)
-            return
-        self._tell_outcome(result)
-
-    def _tell_outcome(self, result: ToolResult) -> None:
         self.mode = _Mode.MENU
         log.info(
             "demo.payment",
@@ -248,4 +227,11 @@ class DemoAgent(Agent):
                 "duplicate": result.duplicate,
             },
         )
-        self._say(_OUTCOME_PROMPTS.get(result.outcome, "payment_unavailable"), "menu")
+        outcome = _OUTCOME_PROMPTS.get(result.outcome, "payment_unavailable")
+        reading, self._code_response = self._code_response, None
+        if reading is not None and reading is self._response and reading.play_prompt(outcome):
+            # After the code, in the same response (nothing cut it meanwhile).
+            reading.play_prompt("menu")
+            reading.done()
+            return
+        self._say(outcome, "menu")
