@@ -328,14 +328,23 @@ class Agent:
     async def on_resumed(self, interruptions: str) -> None:
         """The session recovered; continue with a short line, not by replaying the response."""
 
+    async def on_resume_code(self, code: str) -> None:
+        """A write of this call started: ``code`` (digits) lets the caller continue the session
+        if the call drops and they call back within ``session.callback_window_s``
+        (docs/tenants.md, Coming back). Read it out to the caller ("If we get cut off, call
+        back and enter ..."); never log it or send it anywhere. By default: nothing (the caller
+        who calls back then starts a new session)."""
+
     async def on_rejoined(self, heard_last: str, results: Sequence[ToolResult]) -> None:
         """Instead of :meth:`on_start`: the caller came back to this session on a new call (a
-        call centre sent them back with the session's resume handle, docs/tenants.md), and the
-        session has reconciled. ``heard_last`` is what the caller heard last before they left
-        (``prompt NAME`` or ``response ID``); ``results`` are the session's tool calls that
-        have a receipt, read back (``duplicate`` True): tell the caller what became of them,
-        never ask for them again. By default: :meth:`on_resumed` with ``rejoin``, then
-        :meth:`on_tool_result` for each result."""
+        call centre sent them back with the session's resume handle, or they called back
+        after the call dropped, docs/tenants.md), and the session has reconciled.
+        ``heard_last`` is what the caller heard last before they left (``prompt NAME`` or
+        ``response ID``); ``results`` are the session's tool calls that have a receipt, read
+        back (``duplicate`` True): tell the caller what became of them, never ask for them
+        again. A tool call still being reconciled comes later, to :meth:`on_tool_result`. By
+        default: :meth:`on_resumed` with ``rejoin``, then :meth:`on_tool_result` for each
+        result."""
         await self.on_resumed("rejoin")
         for result in results:
             await self.on_tool_result(result)

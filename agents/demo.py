@@ -74,6 +74,11 @@ class DemoAgent(Agent):
     # What the current response queued: (prompt, first sample played of it) in order.
     _said: tuple[tuple[str, int], ...] = ()
     _barged: str | None = None  # the response the caller's speech or key last cut
+    # The resume code's read-out, left open so that the payment's outcome follows it in the same
+    # response (the caller hears the whole code, then the outcome, without a cut).
+    _code_response: Response | None = None
+    # Back after a drop with the payment still being reconciled: its outcome comes later.
+    _late_outcome = False
 
     def _say(self, *prompts: str) -> None:
         """Say ``prompts`` as one response, after what is still playing (which it supersedes)."""
@@ -124,7 +129,17 @@ class DemoAgent(Agent):
         if outcome is not None:
             self._say(_OUTCOME_PROMPTS.get(outcome, "payment_unavailable"), "menu")
         else:
+            self._late_outcome = True
             self._say("sorry_lost_you", "menu")
+
+    async def on_resume_code(self, code: str) -> None:
+        # "If we get cut off, call back and enter 4 7 1 9 ..." (docs/tenants.md, Coming back);
+        # the code is never logged.
+        response = self._response = self._code_response = self.call.respond()
+        response.play_prompt("resume_code_intro")
+        for digit in code:
+            response.play_prompt(_DIGIT_PROMPTS[digit])
+        response.play_prompt("payment_processing")
 
     async def on_dtmf(self, digit: str) -> None:
         if self.mode in (_Mode.ENDING, _Mode.PAYING, _Mode.TRANSFERRING):
@@ -256,8 +271,11 @@ class DemoAgent(Agent):
             self._say("menu")
 
     async def on_tool_result(self, result: ToolResult) -> None:
-        if result.tool != PAYMENT_TOOL or self.mode is not _Mode.PAYING:
+        if result.tool != PAYMENT_TOOL:
             return
+        if self.mode is not _Mode.PAYING and not self._late_outcome:
+            return
+        self._late_outcome = False
         self.mode = _Mode.MENU
         self._payment = result.outcome
         log.info(
@@ -268,4 +286,11 @@ class DemoAgent(Agent):
                 "duplicate": result.duplicate,
             },
         )
-        self._say(_OUTCOME_PROMPTS.get(result.outcome, "payment_unavailable"), "menu")
+        outcome = _OUTCOME_PROMPTS.get(result.outcome, "payment_unavailable")
+        reading, self._code_response = self._code_response, None
+        if reading is not None and reading is self._response and reading.play_prompt(outcome):
+            # After the code, in the same response (nothing cut it meanwhile).
+            reading.play_prompt("menu")
+            reading.done()
+            return
+        self._say(outcome, "menu")

@@ -499,6 +499,16 @@ class SessionSettings:
             "(docs/tenants.md, Coming back)",
         ),
     )
+    callback_window_s: float = field(
+        default=120.0,
+        metadata=key(
+            float_range(0, 3600),
+            "How long a caller whose media was lost for good (not a hang-up) may call back "
+            "from the same number and continue the session (offered with a key press, and "
+            "the resume code the agent read out if a write had started); the session ends "
+            "timed_out only then. 0 turns callbacks off (docs/tenants.md, Coming back)",
+        ),
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -82,6 +82,13 @@ PROMPTS: dict[str, str] = {
     # needs_human with transfer.human_target set: the caller goes to a person, and is told why.
     "handoff": "I cannot confirm yet whether your request went through. "
     "I am connecting you to a colleague who can check.",
+    # A caller whose call dropped calls back (voicegate/call/callbacks.py): the offer to go on.
+    "welcome_back": "Welcome back. Press 1 to continue where we left off.",
+    "enter_resume_code": "Please enter the code I read out to you earlier.",
+    "resume_code_wrong": "That code is not right.",
+    "new_session": "Let us start again.",
+    # The demo agent reads out the resume code when a payment starts (agents/demo.py).
+    "resume_code_intro": "If we get cut off, call back and enter",
 }
 
 RATE = 16000  # G.722's rate; 8 kHz calls get these resampled at load, never upsampled audio

@@ -115,8 +115,8 @@ def on_resume_reused(state: SessionState, event: ev.ResumeReused, now: float) ->
     if state.gate is Gate.CLOSED:
         return state, out
     state = set_gate(state, Gate.FROZEN, now, out)
-    if state.signaling is Signaling.AWAY:
-        return state, out  # reconciled when the caller rejoins (on_call_rejoined)
+    if state.signaling in (Signaling.AWAY, Signaling.DROPPED):
+        return state, out  # reconciled when the caller returns (on_call_rejoined, callback)
     if state.recovery is not None:
         return state, out  # the running recovery reconciles when it ends
     return reconcile(state, now, out), out

@@ -162,6 +162,38 @@ class AwayExpired(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class CalledBack(Event):
+    """A caller whose call dropped (media lost for good) called back from the same number to
+    the same tenant within the window, and chose to continue (session.callback). ``generation``
+    is the new signaling generation; ``caller`` is masked; ``with_code``: the resume code was
+    asked for and entered right. Never the code or the number."""
+
+    type: ClassVar[str] = "called_back"
+    generation: int = 0
+    caller: str = ""
+    with_code: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class CallbackEnded(Event):
+    """A dropped session ends as it would have at the drop: its window passed (``window``,
+    the reaper), or the caller who called back chose a new session (``declined``), let the
+    offer time out (``no_answer``) or used up the code's attempts (``code_refused``)."""
+
+    type: ClassVar[str] = "callback_ended"
+    cause: str = "window"
+
+
+@dataclass(frozen=True, slots=True)
+class ResumeCodeIssued(Event):
+    """A write started: the caller is read a short resume code to continue after a drop.
+    ``digest``: the code's keyed digest, scoped to the session (never the code)."""
+
+    type: ClassVar[str] = "resume_code_issued"
+    digest: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class ResumeReused(Event):
     """A used (rotated) resume handle of this session was presented again: it may have been
     stolen, so write tools freeze until reconciliation (session.away)."""
@@ -419,6 +451,9 @@ EVENT_TYPES: dict[str, type[Event]] = {
         BridgeEnded,
         CallRejoined,
         AwayExpired,
+        CalledBack,
+        CallbackEnded,
+        ResumeCodeIssued,
         ResumeReused,
         CallerHangup,
         DialogFailed,

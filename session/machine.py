@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
-from session import away, bridge, ending, legs
+from session import away, bridge, callback, ending, legs
 from session import effects as fx
 from session import events as ev
 from session.deadlines import Timer, arm, arm_no_input, drop, drop_all, forget
@@ -493,6 +493,9 @@ def _on_deadline_fired(state: SessionState, event: ev.DeadlineFired, now: float)
     if event.name == Timer.RECOVERY:
         reason = ending.not_recovered(state)
         say = "outcome_unknown" if state.outstanding else "timed_out"
+        if callback.may_drop(state):
+            # Media lost for good: the caller may call back and continue (session.callback).
+            return callback.drop(state, reason, say, now, out), out
         return ending.terminate(
             state,
             Terminal.TIMED_OUT,
@@ -640,8 +643,10 @@ def _on_session_reaped(state: SessionState, event: ev.SessionReaped, now: float)
 # apply to it.
 ANYWHERE = frozenset(Signaling)
 AWAY = frozenset({Signaling.AWAY})  # transferred out, may come back (session.away)
-# Offered and not away: a session that is away has no dialog, so no dialog's events.
-AFTER_OFFER = ANYWHERE - {Signaling.NONE, Signaling.AWAY}
+DROPPED = frozenset({Signaling.DROPPED})  # media lost for good, may call back (session.callback)
+PARKED = AWAY | DROPPED  # no dialog: only a return or an ending applies
+# Offered and not parked: a session that is away or dropped has no dialog, so no dialog's events.
+AFTER_OFFER = ANYWHERE - {Signaling.NONE} - PARKED
 BEFORE_OFFER = frozenset({Signaling.NONE})
 OFFERED = frozenset({Signaling.OFFERED})
 DIALOG_UP = frozenset({Signaling.UP})  # established, nothing else pending
@@ -713,7 +718,12 @@ TRANSITIONS: Mapping[type[ev.Event], Rule[Any]] = {rule.event: rule for rule in 
     Rule(ev.CallRejoined, AWAY, away.on_call_rejoined,
          Refuse("only a session whose caller was transferred away is rejoined")),
     Rule(ev.AwayExpired, AWAY, away.on_away_expired, Ignore("the session is not away")),
-    Rule(ev.ResumeReused, AFTER_OFFER | AWAY, away.on_resume_reused),
+    Rule(ev.CalledBack, DROPPED, callback.on_called_back,
+         Refuse("only a session whose media was lost for good is called back")),
+    Rule(ev.CallbackEnded, DROPPED, callback.on_callback_ended,
+         Ignore("the session is not waiting for a callback")),
+    Rule(ev.ResumeCodeIssued, CALL_UP, callback.on_resume_code_issued, _NOT_UP),
+    Rule(ev.ResumeReused, AFTER_OFFER | PARKED, away.on_resume_reused),
     Rule(ev.CallerHangup, AFTER_OFFER, _on_caller_hangup),
     Rule(ev.ServerHangup, AFTER_OFFER, _on_server_hangup),
     Rule(ev.DialogFailed, AFTER_OFFER, _on_dialog_failed),
@@ -751,6 +761,7 @@ TRANSITIONS: Mapping[type[ev.Event], Rule[Any]] = {rule.event: rule for rule in 
 
 _NOT_OFFERED = "the call has not been offered"
 _AWAY = "the caller was transferred away: only a rejoin or an ending applies"
+_DROPPED = "the call dropped: only a callback or an ending applies"
 
 
 def step(state: SessionState, event: ev.Event, now: float) -> Result:
@@ -772,6 +783,8 @@ def step(state: SessionState, event: ev.Event, now: float) -> Result:
             raise IllegalTransition(state, event, _NOT_OFFERED)
         if state.signaling is Signaling.AWAY and isinstance(rule.elsewhere, Refuse):
             raise IllegalTransition(state, event, _AWAY)
+        if state.signaling is Signaling.DROPPED and isinstance(rule.elsewhere, Refuse):
+            raise IllegalTransition(state, event, _DROPPED)
         if isinstance(rule.elsewhere, Ignore):
             return state, _ignored(event, rule.elsewhere.why)
         raise IllegalTransition(state, event, rule.elsewhere.why)

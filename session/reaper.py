@@ -20,8 +20,8 @@ from __future__ import annotations
 import logging
 
 from session.durable import DurableSession
-from session.events import AwayExpired, SessionReaped
-from session.state import AWAY_STATUS, Signaling
+from session.events import AwayExpired, CallbackEnded, SessionReaped
+from session.state import AWAY_STATUS, DROPPED_STATUS, Signaling
 from session.store import (
     LeaseLost,
     SequenceConflict,
@@ -41,7 +41,8 @@ REASON_AWAY_EXPIRED = "the resume handle expired unused"
 
 
 def _away(summary: SessionSummary) -> bool:
-    return summary.status.startswith(AWAY_STATUS)
+    """Away or dropped: parked with no owner touching it, and not lost (it has its own end)."""
+    return summary.status.startswith((AWAY_STATUS, DROPPED_STATUS))
 
 
 def reap_one(
@@ -58,8 +59,8 @@ def reap_one(
         session = DurableSession.take_over(store, summary.session_id, owner=me, now=now)
         if session.state.terminal:
             return False
-        if session.state.signaling is Signaling.AWAY:
-            return False  # went away after the summary was read
+        if session.state.signaling in (Signaling.AWAY, Signaling.DROPPED):
+            return False  # went away (or dropped) after the summary was read
         session.apply(SessionReaped(reason), now)
     except (LeaseLost, SequenceConflict, SessionFinished):
         return False
@@ -104,14 +105,13 @@ def reap_predecessors(store: SessionStore, *, worker: str, me: str, now: float) 
     return reaped
 
 
-
 def expire_away(store: SessionStore, *, me: str, now: float) -> list[str]:
     """End every away session whose resume handle's lifetime is over: ``completed``
     (``transferred``), as the transfer itself used to (session.away). A caller who rejoined
     meanwhile moved the session on (its lease and log), so it is left alone. Idempotent."""
     expired = []
     for summary in store.open_sessions():
-        if not _away(summary):
+        if not summary.status.startswith(AWAY_STATUS):
             continue
         state = DurableSession.load(store, summary.session_id).state
         if state.signaling is not Signaling.AWAY or state.away_until is None:
@@ -126,5 +126,30 @@ def expire_away(store: SessionStore, *, me: str, now: float) -> list[str]:
         except (LeaseLost, SequenceConflict, SessionFinished):
             continue
         log.info("session.away_expired", extra={"session_id": summary.session_id, "by": me})
+        expired.append(summary.session_id)
+    return expired
+
+
+def expire_dropped(store: SessionStore, *, me: str, now: float) -> list[str]:
+    """End every dropped session whose callback window is over, with the ending its recovery's
+    deadline gave it at the drop (session.callback): ``timed_out`` at stage ``recovery``, the
+    same reason. A caller who called back meanwhile moved it on, so it is left alone."""
+    expired = []
+    for summary in store.open_sessions():
+        if not summary.status.startswith(DROPPED_STATUS):
+            continue
+        state = DurableSession.load(store, summary.session_id).state
+        if state.signaling is not Signaling.DROPPED or state.dropped_until is None:
+            continue
+        if now < state.dropped_until:
+            continue
+        try:
+            session = DurableSession.take_over(store, summary.session_id, owner=me, now=now)
+            if session.state.signaling is not Signaling.DROPPED:
+                continue  # called back between the read and the take-over
+            session.apply(CallbackEnded("window"), now)
+        except (LeaseLost, SequenceConflict, SessionFinished):
+            continue
+        log.info("session.callback_window_passed", extra={"session_id": summary.session_id})
         expired.append(summary.session_id)
     return expired

@@ -36,6 +36,9 @@ class Signaling(enum.StrEnum):
     # Transferred out (blind or attended) and our leg hung up, but the caller may come back with
     # the session's resume handle until ``away_until`` (session.away): not terminal yet.
     AWAY = "away"
+    # The media was lost for good (not a BYE from the caller) and our leg hung up, but the caller
+    # may call back from the same number until ``dropped_until`` (session.callback): not terminal.
+    DROPPED = "dropped"
     GONE = "gone"
 
 
@@ -61,11 +64,14 @@ class Gate(enum.StrEnum):
 
 # The start of status() for a session that is away: the reaper finds them by it (session.reaper).
 AWAY_STATUS = f"signaling {Signaling.AWAY.value}"
+# ... and for a session dropped that may be called back (session.callback).
+DROPPED_STATUS = f"signaling {Signaling.DROPPED.value}"
 
 # Terminal and TERMINAL_STATES live in session.vocabulary; imported here for the importers of
 # session.state (voicegate/control/http_api.py imports TERMINAL_STATES from here).
 __all__ = [
     "AWAY_STATUS",
+    "DROPPED_STATUS",
     "TERMINAL_STATES",
     "AgentLink",
     "Deadline",
@@ -101,6 +107,9 @@ class Policy:
     # may come back (session.away). 0, as in logs from before rejoin existed: a transfer that
     # succeeds ends the session at once.
     resume_ttl_s: float = 0.0
+    # How long a caller whose media was lost for good may call back (session.callback_window_s,
+    # session.callback). 0, as in logs from before callbacks existed: the session ends at once.
+    callback_window_s: float = 0.0
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Policy:
@@ -209,6 +218,13 @@ class SessionState:
     # rejoined this session (its signaling generation: each rejoin is a new dialog).
     away_until: float | None = None
     signaling_generation: int = 0
+    # Dropped (session.callback): until when the caller may call back, and the ending it gets
+    # if nobody does (the one it would have had at once before callbacks).
+    dropped_until: float | None = None
+    dropped_reason: str = ""
+    # The keyed digest of the short resume code the caller was read when a write started
+    # (voicegate/call/callback_codes.py); "" while none was issued. Never the code itself.
+    resume_code: str = ""
 
     # --- derived ---------------------------------------------------------------------------------
 
@@ -296,4 +312,8 @@ class SessionState:
             # ... and checkpoints from before rejoin neither of these.
             away_until=data.get("away_until"),
             signaling_generation=data.get("signaling_generation", 0),
+            # ... and checkpoints from before callbacks none of these.
+            dropped_until=data.get("dropped_until"),
+            dropped_reason=data.get("dropped_reason", ""),
+            resume_code=data.get("resume_code", ""),
         )

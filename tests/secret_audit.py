@@ -12,7 +12,8 @@ it is scanned, and the run fails naming each file and line that holds:
   passes whose names say they are secret (:meth:`SecretAudit.register_env`); values the product
   hands out under a secret-looking JSON key (:meth:`SecretAudit.learn`); the caller numbers of
   the SIPp scenarios as they are on the wire (unmasked) and the key sequences of their payment
-  flows (:func:`register_scenarios`);
+  flows (:func:`register_scenarios`); the short resume codes a session reads out for a callback
+  after a drop (:meth:`SecretAudit.register_resume_code`, from tests/integration/test_callback.py);
 - a *sensitive field*: a structured field (JSON log line, ``key=value`` text, a ``repr``) named
   like a DTMF digit string, a card number, an amount, a secret or a token, with a value in it;
 - an *unmasked caller*: a ``caller``/``remote``/``from`` field holding a run of 4 or more digits
@@ -71,6 +72,14 @@ class Secret:
     value: str
     kind: str  # what it is, for the report: "caller number", "payment DTMF", "API key", ...
     source: str  # where it was registered from
+    # Matched only as a whole number (not inside a longer run of digits): a short numeric
+    # secret would otherwise be found by chance in timestamps and counters.
+    whole_number: bool = False
+
+    def found_in(self, line: str) -> bool:
+        if not self.whole_number:
+            return self.value in line
+        return re.search(rf"(?<!\d){re.escape(self.value)}(?!\d)", line) is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +114,13 @@ class SecretAudit:
         if len(value) < MIN_SECRET or (value.isdigit() and len(value) < MIN_DIGITS_SECRET):
             raise ValueError(f"a {kind} of {len(value)} characters cannot be audited as text")
         self.secrets.setdefault(value, Secret(value, kind, source))
+
+    def register_resume_code(self, code: str, source: str) -> None:
+        """A callback's resume code (voicegate/call/callback_keys.py): six digits the caller is
+        read out, never logged, put in a metric label or an error; found as a whole number."""
+        if not (code.isdigit() and len(code) >= MIN_DIGITS_SECRET):
+            raise ValueError(f"a resume code of {len(code)} characters cannot be audited")
+        self.secrets.setdefault(code, Secret(code, "resume code", source, whole_number=True))
 
     def register_env(self, env: Mapping[str, str], source: str) -> None:
         """Every variable whose name says it is secret (``*_SECRET``, ``*_TOKEN``, ...)."""
@@ -157,7 +173,7 @@ class SecretAudit:
 
     def scan_line(self, line: str) -> Iterator[str]:
         for secret in self.secrets.values():
-            if secret.value in line:
+            if secret.found_in(line):
                 yield f"{secret.kind} {_mask(secret.value)} (registered by {secret.source})"
         for match in _SENSITIVE_VALUE.finditer(line):
             yield f"sensitive field {match.group(1)!r} has a value"

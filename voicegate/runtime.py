@@ -34,7 +34,7 @@ from config.tenant_loader import tenants_of
 from config.tenants import DEFAULT_TENANT
 from config.tools import ToolSettings
 from session import effects as fx
-from session.reaper import expire_away, reap_predecessors, reap_stale
+from session.reaper import expire_away, expire_dropped, reap_predecessors, reap_stale
 from session.resume import ResumeRecord
 from session.state import Policy
 from session.store import SessionStore
@@ -45,6 +45,8 @@ from telephony import events as ev
 from telephony.endpoint import EndpointConfig, SipEndpoint
 from telephony.sip_message import mask_uri
 from voicegate.call.call_state import CallPhase
+from voicegate.call.callback_keys import CallbackKeys
+from voicegate.call.callbacks import Callbacks
 from voicegate.call.clock import SessionClock
 from voicegate.call.hangup import HangupPlan
 from voicegate.call.legs import OutboundLeg, PlaceRefused, new_leg_offer
@@ -211,6 +213,15 @@ class Runtime:
         self.legs: dict[str, str] = {}
         # Calls that present a resume handle (voicegate/call/rejoins.py).
         self.rejoins = Rejoins(self, self._start_rejoined, self._wall)
+        # Callers back after a drop (voicegate/call/callbacks.py), when the window is on.
+        self.callback_keys = (
+            CallbackKeys.in_directory(data_dir) if settings.session.callback_window_s > 0 else None
+        )
+        self.callbacks = (
+            Callbacks(self, self.callback_keys, self._start_called_back, self._clock.now)
+            if self.callback_keys is not None
+            else None
+        )
         self._tasks: set[asyncio.Task[None]] = set()
         self.sip: SipEndpoint | None = None
         self.sip_ready = False
@@ -268,6 +279,7 @@ class Runtime:
             no_input_grace_s=s.no_input_grace_s,
             transfer_timeout_s=self.transfer_for(tenant).notify_timeout_s,
             resume_ttl_s=s.resume_ttl_s,
+            callback_window_s=s.callback_window_s,
         )
         return dataclasses.asdict(policy)
 
@@ -316,6 +328,12 @@ class Runtime:
         )
         if expired:
             self.metrics.sessions_ended.labels(Terminal.COMPLETED).inc(len(expired))
+        # Dropped sessions nobody called back (session/callback.py): timed out, as at the drop.
+        lapsed = await asyncio.wrap_future(
+            self.writer.submit(lambda store: expire_dropped(store, me=me, now=at))
+        )
+        if lapsed:
+            self.metrics.sessions_ended.labels(Terminal.TIMED_OUT).inc(len(lapsed))
         return reaped
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -451,7 +469,7 @@ class Runtime:
             case ev.CallOffered(resume=resume):
                 if resume is not None:
                     self.rejoins.offered(event)
-                else:
+                elif self.callbacks is None or not self.callbacks.offered(event):
                     self._start_call(event)
             case ev.CallReferred():
                 self._start_referred(event)
@@ -466,6 +484,8 @@ class Runtime:
                 call = self.calls.get(call_id)
                 if call is None and call_id in self.rejoins:
                     call = self.rejoins.route(call_id, event)
+                elif call is None and self.callbacks is not None and call_id in self.callbacks:
+                    call = self.callbacks.route(call_id, event)
                 elif call is None and call_id in self.legs:
                     # A bridge's leg: its call handles it (voicegate/call/bridge.py).
                     call = self.calls.get(self.legs[call_id])
@@ -519,13 +539,28 @@ class Runtime:
         self._start_call(offer, leg)
 
     def free_slots(self) -> int:
-        return self.settings.pool.calls_per_worker - len(self.calls) - len(self.legs)
+        offering = len(self.callbacks) if self.callbacks is not None else 0
+        return self.settings.pool.calls_per_worker - len(self.calls) - len(self.legs) - offering
+
+    def caller_key(self, offer: ev.CallOffered) -> str:
+        return self.callbacks.caller_key(offer) if self.callbacks is not None else ""
 
     def adopt_leg(self, leg_id: str, call_id: str) -> None:
         self.legs[leg_id] = call_id
 
     def _start_rejoined(self, offer: ev.CallOffered, verdict: Verdict) -> LiveCall:
         return self._start_call(offer, rejoin=verdict)
+
+    def _start_called_back(
+        self, offer: ev.CallOffered, verdict: Verdict | None, early: tuple[ev.SipEvent, ...]
+    ) -> LiveCall:
+        """A call that was offered a callback: it continues the dropped session (``verdict``)
+        or starts a new one, with what PJSIP reported meanwhile (its answer and media)."""
+        call = self._start_call(offer, rejoin=verdict)
+        call.answered_early = any(isinstance(e, ev.CallAnswered) for e in early)
+        for event in early:
+            call.deliver(event)
+        return call
 
     def _start_call(
         self,
@@ -558,6 +593,8 @@ class Runtime:
             self.calls.pop(call.call_id, None)
             if call.rejoin is not None:
                 self.rejoins.ended(call.call_id)
+                if self.callbacks is not None:
+                    self.callbacks.ended(call.call_id)
 
     def is_live(self, session_id: str) -> bool:
         return session_id in self.calls
@@ -635,6 +672,8 @@ class Runtime:
             call.end(intent, after_playout=False)
         await self._wait_calls_done(_FORCED_END_WAIT_S)
         await self.rejoins.stop()
+        if self.callbacks is not None:
+            await self.callbacks.stop()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

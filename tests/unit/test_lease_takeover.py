@@ -195,6 +195,7 @@ class _Services:
     owner: str = "worker-0/live"
     answer_after_s: float = 0.0
     resume_ttl_s: float = 600.0
+    callback_keys: None = None  # callbacks off (voicegate/call/callbacks.py)
     metrics: Metrics = field(default_factory=Metrics)
     faults: Faults = field(default_factory=lambda: Faults(""))
     tool_client: Any = None
@@ -211,6 +212,9 @@ class _Services:
 
     def policy(self, tenant: str) -> dict[str, float]:
         return {}
+
+    def caller_key(self, offer: ev.CallOffered) -> str:
+        return ""
 
     def transfer_for(self, tenant: str) -> TransferSettings:
         return TransferSettings()

@@ -69,6 +69,19 @@ def test_a_registered_secret_is_caught_anywhere(tmp_path: Path) -> None:
                      ("in-process log", "secret")}  # fmt: skip
 
 
+def test_a_resume_code_is_caught_as_a_whole_number_only() -> None:
+    audit = SecretAudit()
+    audit.register_resume_code("471902", "a test")
+    with pytest.raises(ValueError, match="cannot be audited"):
+        audit.register_resume_code("4719", "a test")
+    audit.record("read out", _line("agent.said", note="enter 471902 to continue"))
+    # Inside a longer run of digits it is chance, not the code (a timestamp, a counter).
+    audit.record("timestamps", _line("tick", at=1764471902.5, n=94719020))
+    assert [(f.origin, f.what.split(" (")[0]) for f in audit.scan()] == [
+        ("read out", "resume code 4****2")
+    ]
+
+
 @pytest.mark.parametrize(
     "leak",
     [

@@ -868,6 +868,9 @@ SAMPLES: list[ev.Event] = [
     ev.CallRejoined(1, "******1234", "header"),
     ev.AwayExpired("the resume handle expired unused"),
     ev.ResumeReused(),
+    ev.CalledBack(1, "******1234", with_code=True),
+    ev.CallbackEnded("declined"),
+    ev.ResumeCodeIssued("3f2a"),
 ]
 
 

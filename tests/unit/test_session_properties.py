@@ -85,6 +85,9 @@ POLICIES: st.SearchStrategy[dict[str, float]] = st.fixed_dictionaries(
         # 0: a transfer that succeeds ends the session (logs from before rejoin); else it is
         # away until then (session.away).
         "resume_ttl_s": st.sampled_from([0.0, 600.0, 2.0]),
+        # 0: media lost for good ends the session at the deadline (logs from before callbacks);
+        # else it is dropped until then (session.callback).
+        "callback_window_s": st.sampled_from([0.0, 120.0, 2.0]),
     },
 )
 
@@ -204,6 +207,13 @@ def blind_strategies(generation: int, current_attempt: int) -> EventStrategies:
             via=st.sampled_from(["header", "uui"]),
         ),
         ev.ResumeReused: st.just(ev.ResumeReused()),
+        ev.CalledBack: st.builds(
+            ev.CalledBack,
+            generation=st.integers(0, 3),
+            caller=st.just("******1234"),
+            with_code=st.booleans(),
+        ),
+        ev.ResumeCodeIssued: st.builds(ev.ResumeCodeIssued, digest=st.sampled_from(["d1", ""])),
     }
 
 
@@ -236,6 +246,9 @@ ENDING_STRATEGIES: EventStrategies = {
     ev.OwnerLost: st.builds(ev.OwnerLost, reason=st.just("the process serving the call died")),
     ev.SessionReaped: st.builds(ev.SessionReaped, reason=st.just("worker died")),
     ev.AwayExpired: st.builds(ev.AwayExpired, reason=st.just("the resume handle expired unused")),
+    ev.CallbackEnded: st.builds(
+        ev.CallbackEnded, cause=st.sampled_from(["window", "declined", "code_refused", "bogus"])
+    ),
     ev.RecoveryProbed: st.builds(
         lambda g, answer: ev.RecoveryProbed(g, 0, *answer),
         st.integers(1, 2),
@@ -258,6 +271,18 @@ def lifecycle_events(state: SessionState) -> list[ev.Event]:
             ev.CallRejoined(g, "******1234", "uui"),
             ev.ResumeReused(),
             ev.AwayExpired("the resume handle expired unused"),
+        ]
+    if state.signaling == "dropped":
+        # Calling back (with the code or without, the right generation or a stale one), a
+        # reuse, the window's end or a caller choosing a new session.
+        g = state.signaling_generation
+        return [
+            ev.CalledBack(g + 1, "******1234", with_code=True),
+            ev.CalledBack(g + 1, "******1234"),
+            ev.CalledBack(g, "******1234", with_code=True),
+            ev.ResumeReused(),
+            ev.CallbackEnded("window"),
+            ev.CallbackEnded("declined"),
         ]
     recovery = state.recovery
     if recovery is None:
@@ -334,6 +359,8 @@ def ending_probes(state: SessionState) -> list[ev.Event]:
         *(ev.OperatorResolution(terminal, "checked") for terminal in TERMINAL_STATES),
         *(ev.ToolReceipt(key, "unknown") for key in state.outstanding_keys()),
         ev.AwayExpired("the resume handle expired unused"),
+        ev.CallbackEnded("window"),
+        ev.CallbackEnded("no_answer"),
     ]
     if state.recovery is not None:
         probes += [
@@ -579,6 +606,7 @@ class SessionProperties(RuleBasedStateMachine):
 
         # Away and back (session.away).
         self.check_away(before, event, after, effects)
+        self.check_dropped(before, event, after, effects)
 
         # Versions: +1 per logged event; stale events change nothing at all.
         if is_stale(effects):
@@ -652,6 +680,43 @@ class SessionProperties(RuleBasedStateMachine):
                     isinstance(e, fx.GateChanged) and e.new == "frozen" for e in effects
                 ) or before.gate is Gate.FROZEN
 
+    def check_dropped(
+        self,
+        before: SessionState,
+        event: ev.Event,
+        after: SessionState,
+        effects: list[fx.Effect],
+    ) -> None:
+        if before.signaling == "dropped" and not is_stale(effects):
+            # Nobody is on the line: only a callback, a reuse's freeze or an ending is accepted.
+            assert isinstance(
+                event,
+                ev.CalledBack | ev.ResumeReused | ev.CallbackEnded | ev.OperatorResolution
+                | ev.SessionReaped,
+            ), event
+            assert not any(isinstance(e, fx.Say | fx.HangUp | fx.SendToolRequest) for e in effects)
+        if after.signaling == "dropped" and before.signaling != "dropped":
+            # Media lost for good with the dialog up: the deadline's ending, minus the ending.
+            assert isinstance(event, ev.DeadlineFired) and event.name == "recovery"
+            assert before.policy.callback_window_s > 0 and before.signaling == "up"
+            assert after.dropped_until == self.now + before.policy.callback_window_s
+            assert any(isinstance(e, fx.HangUp) for e in effects)
+            assert not any(isinstance(e, fx.Finished) for e in effects)
+            hypothesis.event("dropped")
+        if isinstance(event, ev.CalledBack) and not is_stale(effects):
+            assert before.signaling == "dropped"
+            assert before.dropped_until is not None and self.now < before.dropped_until
+            assert event.with_code or not before.resume_code
+            assert after.signaling == "offered" and after.dropped_until is None
+            assert after.gate is (Gate.OPEN if not after.outstanding else Gate.RECONCILING)
+            hypothesis.event("called back")
+        if isinstance(event, ev.CallbackEnded) and not is_stale(effects):
+            # The ending the deadline gave before callbacks: timed_out at recovery, same reason.
+            assert after.ended is not None
+            assert (after.ended.terminal_state, after.ended.stage) == ("timed_out", "recovery")
+            assert after.ended.reason == before.dropped_reason
+            hypothesis.event("callback window ended")
+
     # --- invariants ------------------------------------------------------------------------------
 
     @invariant()
@@ -664,6 +729,13 @@ class SessionProperties(RuleBasedStateMachine):
             assert state.media != "flowing" and state.agent_link == "closed"
         else:
             assert state.away_until is None
+        if state.signaling == "dropped":
+            assert state.ended is None and state.dropped_until is not None
+            assert state.gate is Gate.FROZEN and state.recovery is None and not state.deadlines
+            assert state.turn is None and state.response is None
+            assert state.media != "flowing" and state.agent_link == "closed"
+        else:
+            assert state.dropped_until is None
 
     @invariant()
     def terminal_state_is_final(self) -> None:

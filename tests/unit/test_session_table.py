@@ -13,7 +13,7 @@ import pytest
 
 from session import effects as fx
 from session import events as ev
-from session.machine import _AWAY, TRANSITIONS, Ignore, IllegalTransition, Refuse, step
+from session.machine import _AWAY, _DROPPED, TRANSITIONS, Ignore, IllegalTransition, Refuse, step
 from session.state import SessionState, Signaling
 
 SID = "table"
@@ -46,6 +46,13 @@ IN_STATE: dict[Signaling, Callable[[], SessionState]] = {
         ANSWER,
         (ev.TransferStarted("sip:d@x"), 2.0),
         (ev.TransferFinished(1, ok=True, status=200), 3.0),
+    ),
+    # Media lost for good while the caller may call back (session.callback).
+    Signaling.DROPPED: lambda: _fold(
+        (ev.CallOffered("+15550001234", "service", {"callback_window_s": 120.0}), 0.0),
+        ANSWER,
+        (ev.MediaLost(), 2.0),
+        (ev.DeadlineFired("recovery", 1), 22.0),
     ),
 }
 
@@ -89,6 +96,8 @@ def test_an_event_outside_its_states_is_refused_or_ignored_as_its_rule_says(
         expected: Refuse | Ignore = Refuse("the call has not been offered")
     elif signaling is Signaling.AWAY and isinstance(rule.elsewhere, Refuse):
         expected = Refuse(_AWAY)
+    elif signaling is Signaling.DROPPED and isinstance(rule.elsewhere, Refuse):
+        expected = Refuse(_DROPPED)
     else:
         expected = rule.elsewhere
     if isinstance(expected, Ignore):

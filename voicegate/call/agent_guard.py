@@ -74,6 +74,9 @@ class GuardedAgent(Agent):
     async def on_dtmf(self, digit: str) -> None:
         await self._call("on_dtmf", self.inner.on_dtmf, digit)
 
+    async def on_resume_code(self, code: str) -> None:
+        await self._call("on_resume_code", self.inner.on_resume_code, code)
+
     async def on_audio(self, frame: Frame) -> None:
         await self._call("on_audio", self.inner.on_audio, frame)
 

@@ -18,6 +18,7 @@ from session import events as sev
 from session.vocabulary import SpeechDecision
 from voicegate.call.acting import SessionSteps
 from voicegate.call.call_state import CallState
+from voicegate.call.callback_keys import new_code
 from voicegate.call.hangup import HangingUp, HangupPlan
 from voicegate.call.responses import ResponseHandle, Responses
 from voicegate.call.services import CallServices
@@ -31,6 +32,16 @@ class AgentWork:
     """Work an agent's own task hands to the call's task (:meth:`AgentControl.call_soon`)."""
 
     run: Callable[[], None]
+
+
+@dataclass(frozen=True, slots=True)
+class ResumeCodeReady:
+    """The session's resume code, for the agent to read out (delivered from the call's task)."""
+
+    code: str
+
+    def __repr__(self) -> str:
+        return "ResumeCodeReady(<code>)"  # a secret: never in a log line
 
 
 class AgentControl:
@@ -84,9 +95,29 @@ class AgentControl:
         # Approval by key press: only a request made while handling the caller's DTMF counts;
         # by voice: only the request right after a logged spoken confirmation.
         spoken, self._spoken_confirmation = self._spoken_confirmation, False
-        return self._tools.request(
+        key = self._tools.request(
             tool, arguments, key, approved=self._turns.in_dtmf, spoken=spoken
         )
+        self._resume_code_for(tool, key)
+        return key
+
+    def _resume_code_for(self, tool: str, key: str) -> None:
+        """A write started (its intent is the session's): issue the session's resume code, once,
+        so a caller whose call drops can continue it (voicegate/call/callbacks.py); the agent is
+        told the code to read out. Only its keyed digest is kept (session/callback.py)."""
+        keys = self._services.callback_keys
+        session = self._state.session_state
+        settings = self._services.tools.get(tool)
+        if keys is None or session is None or settings is None or self._steps is None:
+            return
+        if settings.kind != "write" or session.policy.callback_window_s <= 0:
+            return
+        if session.resume_code or key not in session.outstanding_keys():
+            return
+        code = new_code()
+        issued = self._steps.try_apply(sev.ResumeCodeIssued(keys.code(self._state.call_id, code)))
+        if issued and self._post is not None:
+            self._post(ResumeCodeReady(code))
 
     def caller_said(
         self,

@@ -32,9 +32,10 @@ from voicegate.call.acting import Persisted, SessionSteps
 from voicegate.call.actions import CallActions
 from voicegate.call.agent_guard import AgentCrashed, make_agent
 from voicegate.call.call_state import CallPhase, CallState
+from voicegate.call.callback_match import CALLER_KEY
 from voicegate.call.clock import SessionClock
 from voicegate.call.consult_speech import ConsultSpeech
-from voicegate.call.control import AgentControl, AgentWork
+from voicegate.call.control import AgentControl, AgentWork, ResumeCodeReady
 from voicegate.call.hangup import HangingUp, HangupPlan
 from voicegate.call.hold import HoldAudio
 from voicegate.call.legs import OutboundLeg, unanswered_outcome
@@ -78,6 +79,9 @@ class LiveCall:
         # A caller back with the session's handle (voicegate/call/rejoin.py): the session was
         # taken over already, and ``offer.call_id`` is its id.
         self.rejoin = rejoin
+        # Set by the runtime when the call was answered before its task started (a callback's
+        # offer): its CallAnswered and MediaReady are in the queue already.
+        self.answered_early = False
         self._services = services
         self._agent_factory = agent_factory
         self._clock = clock
@@ -295,6 +299,8 @@ class LiveCall:
                         tenant=self.offer.tenant,
                     )
                 )
+        elif self.answered_early:
+            pass  # answered while a callback was offered (voicegate/call/callbacks.py)
         elif services.answer_after_s > 0:
             asyncio.get_running_loop().call_later(services.answer_after_s, self._answer)
         else:
@@ -330,7 +336,13 @@ class LiveCall:
         self._state.session = session
         generation = session.state.signaling_generation + 1
         via = self.offer.resume.via if self.offer.resume else ""
-        self._steps.apply(sev.CallRejoined(generation, mask_uri(self.offer.remote_uri), via))
+        caller = mask_uri(self.offer.remote_uri)
+        if rejoin.callback:
+            # Back after a drop (session/callback.py): by number and key press, not by handle.
+            via = "callback"
+            self._steps.apply(sev.CalledBack(generation, caller, rejoin.with_code))
+        else:
+            self._steps.apply(sev.CallRejoined(generation, caller, via))
         self.resume.current = rejoin.successor
         self._services.metrics.calls_offered.inc()
         self._services.metrics.calls_active.inc()
@@ -348,6 +360,7 @@ class LiveCall:
     async def _start_session(self) -> None:
         services = self._services
         caller = mask_uri(self.offer.remote_uri)
+        caller_key = services.caller_key(self.offer) if self.outbound is None else ""
         meta: dict[str, object] = {
             # An outbound leg's remote party is the one called (voicegate/call/legs.py).
             ("callee" if self.outbound else "caller"): caller,
@@ -358,6 +371,9 @@ class LiveCall:
             # validated on the SIP thread (telephony.inbound_context).
             **self.offer.context,
         }
+        if caller_key:
+            # Matches a callback after a drop (voicegate/call/callback_match.py): a keyed digest.
+            meta[CALLER_KEY] = caller_key
         tenant = self.offer.tenant
         offered: sev.Event = sev.CallOffered(
             caller=caller, called_user=self.offer.called_user, policy=services.policy(tenant)
@@ -379,7 +395,9 @@ class LiveCall:
         services.metrics.calls_active.inc()
         # Context values stay out of the log (a centre may put anything in an X- header): their
         # names say enough there; the session's metadata has them.
-        said = {k: v for k, v in meta.items() if k not in ("context", "context_dropped")}
+        # The caller's digest says nothing to a reader either.
+        hidden = ("context", "context_dropped", CALLER_KEY)
+        said = {k: v for k, v in meta.items() if k not in hidden}
         context = self.offer.context.get("context")
         if isinstance(context, dict) and context:
             said["context_headers"] = sorted(context)
@@ -488,6 +506,8 @@ class LiveCall:
                 then(done)
             case ToolRefused(result=result):
                 await self._notices.tool_result(result)
+            case ResumeCodeReady(code=code):
+                await self._notices.resume_code(code)
             case AgentWork(run=run):
                 run()  # the agent's own guard catches what it raises (agents/remote/adapter.py)
             case _:

@@ -55,6 +55,12 @@ class AgentNotices:
         task to deliver."""
         self._post(AgentNotice(type(payload).__name__, "", payload))
 
+    async def resume_code(self, code: str) -> None:
+        """The session's resume code, for the agent to read out while the caller is there."""
+        agent = self._state.agent
+        if agent is not None and self._state.phase is CallPhase.ANSWERED:
+            await agent.on_resume_code(code)
+
     async def deliver(self, notice: AgentNotice) -> None:
         """A NotifyAgent or StopGeneration effect, delivered from the call's task."""
         agent = self._state.agent
@@ -136,4 +142,6 @@ class AgentNotices:
         ended = state.ended if state else None
         if state is not None and state.away_until is not None:
             return "transferred"  # away, not ended: the caller may come back (session/away.py)
+        if state is not None and state.dropped_until is not None:
+            return state.dropped_reason  # dropped, not ended: may call back (session/callback.py)
         return ended.reason if ended else "call ended"

@@ -47,6 +47,10 @@ class Verdict:
     # definitive receipt, in the order asked; and the last prompt or response the caller heard.
     results: tuple[ToolResult, ...] = ()
     heard_last: str = ""
+    # A caller back after a drop (voicegate/call/callbacks.py), not by handle: the session
+    # records ``called_back`` (with the resume code, or the key press was enough).
+    callback: bool = False
+    with_code: bool = False
 
     @property
     def status(self) -> int:
@@ -100,11 +104,11 @@ def verify_and_take(
         session = DurableSession.take_over(store, session_id, owner=owner, now=now)
     except SessionFinished:
         return Verdict(ResumeResult.EXPIRED)  # ended (expired) between the read and now
-    results, heard_last = _read_back(store, session_id)
+    results, heard_last = read_back(store, session_id)
     return Verdict(ResumeResult.OK, session_id, session, successor, False, results, heard_last)
 
 
-def _read_back(store: SessionStore, session_id: str) -> tuple[tuple[ToolResult, ...], str]:
+def read_back(store: SessionStore, session_id: str) -> tuple[tuple[ToolResult, ...], str]:
     results = []
     heard_last = ""
     for record in store.events(session_id):

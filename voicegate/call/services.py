@@ -14,6 +14,7 @@ from session import effects as fx
 from session.store import SessionStore
 from session.store.writer import StoreWriter
 from telephony import events as ev
+from voicegate.call.callback_keys import CallbackKeys
 from voicegate.observe.metrics import Metrics
 from voicegate.tools.call_tools import ToolServices
 
@@ -27,6 +28,8 @@ class CallServices(ToolServices, Protocol):
     answer_after_s: float
     owner: str
     resume_ttl_s: float
+    # The installation's keyed digests for callbacks; None with session.callback_window_s 0.
+    callback_keys: CallbackKeys | None
 
     def transfer_for(self, tenant: str) -> TransferSettings:
         """The transfer settings of ``tenant`` (config/tenants.py)."""
@@ -37,6 +40,10 @@ class CallServices(ToolServices, Protocol):
     def prompt(self, name: str, rate: int) -> NDArray[np.int16]: ...
 
     def policy(self, tenant: str) -> dict[str, float]: ...
+
+    def caller_key(self, offer: ev.CallOffered) -> str:
+        """The keyed digest a new session keeps of its caller's number ("": none, or off)."""
+        ...
 
     def audio_settings(self) -> tuple[int, VadConfig, BargeInConfig]: ...
 

@@ -41,8 +41,10 @@ class SipEvents:
     def ended(self, ended: ev.CallEnded) -> None:
         """The dialog ended: the session records why, unless it has already ended."""
         session = self._state.session
-        if session is not None and session.state.signaling is Signaling.AWAY:
-            return  # our BYE after a transfer: the session waits for its caller to come back
+        if session is not None and session.state.signaling in (Signaling.AWAY, Signaling.DROPPED):
+            # Our BYE after a transfer, or after the media was lost for good: the session waits
+            # for its caller to come back (session/away.py, session/callback.py).
+            return
         if session is not None and not session.state.terminal:
             plan = self._hangup.plan
             if self._state.outbound and not ended.answered and not (ended.by == "server" and plan):

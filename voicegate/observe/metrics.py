@@ -34,6 +34,8 @@ from session.vocabulary import (
 API_REFUSAL_REASONS = ("missing_key", "wrong_key", "other_tenant", "metrics_off")
 # Why a resume handle was issued (voicegate/call/resume.py, the sessions API).
 RESUME_ISSUE_REASONS = ("start", "transfer", "api")
+# How a callback offer ends (voicegate/call/callbacks.py).
+CALLBACK_OUTCOMES = ("accepted", "declined", "no_answer", "code_refused", "hung_up")
 # Transfers (voicegate/call/transfer.py, bridge.py): how each one ended, per mode, and
 # the class of each NOTIFY sipfrag status (or REFER refusal) it got; closed vocabularies.
 TRANSFER_MODES = ("blind", "bridge", "attended")
@@ -374,6 +376,30 @@ class Metrics:
         )
         for resume_result in ResumeResult:
             self.resume_attempts.labels(resume_result.value)
+        # Callers back after a drop (voicegate/call/callbacks.py, docs/tenants.md).
+        self.callbacks_offered = Counter(
+            "voicegate_callbacks_offered_total",
+            "Calls matched to a dropped session of the same caller and tenant, and offered to "
+            "continue it",
+            registry=r,
+        )
+        self.callbacks = Counter(
+            "voicegate_callbacks_total",
+            "Callback offers by outcome (accepted: the session continued; declined, no_answer, "
+            "code_refused: a new session started; hung_up: the caller left during the offer)",
+            ["outcome"],
+            registry=r,
+        )
+        for callback_outcome in CALLBACK_OUTCOMES:
+            self.callbacks.labels(callback_outcome)
+        self.callback_code_attempts = Counter(
+            "voicegate_callback_code_attempts_total",
+            "Resume codes entered on a callback, by result (ok, wrong)",
+            ["result"],
+            registry=r,
+        )
+        for code_result in ("ok", "wrong"):
+            self.callback_code_attempts.labels(code_result)
         for mode in TRANSFER_MODES:
             for transfer_outcome in TRANSFER_OUTCOMES:
                 self.transfers.labels(mode, transfer_outcome)
