@@ -23,7 +23,9 @@ SNR (20, 10, 5 dB; noise at the tests' speech level minus the SNR):
   barge-in (the agent talked on over the caller).
 
 Figures: false barge-ins per minute and false caller turns per minute (noise only, per minute of
-call), missed barge-ins, and barge-in latency at the caller's ear (median and p95). Up to
+call), missed barge-ins, and barge-in latency at the caller's ear (median and p95); for speech,
+also the caller turns committed against the lines spoken (more turns than lines: lines split at a
+pause, audio.vad_hangover_ms) and the barge-ins judged false. Up to
 ``--at-once`` calls run together (the server holds 4); the machine's other work shares the CPU.
 
 ``--breakdown`` also splits each counted line's latency where the time goes (median and p95 of
@@ -242,13 +244,19 @@ def session_counts(server: Server) -> dict[str, dict[str, int]]:
         events = session["events"]
         offered = next(e for e in events if e["type"] == "call_offered")
         counts = out.setdefault(
-            offered["payload"]["called_user"], {"cuts": 0, "turns": 0, "seconds": 0, "failed": 0}
+            offered["payload"]["called_user"],
+            {"cuts": 0, "turns": 0, "seconds": 0, "failed": 0, "false": 0},
         )
         counts["seconds"] += events[-1]["at"] - events[0]["at"]
         counts["failed"] += session["ended"]["terminal_state"] != "completed"
         # The bench's callers press no key, so every interrupted response was cut by speech.
         counts["cuts"] += sum(1 for e in events if e["type"] == "response_interrupted")
         counts["turns"] += sum(1 for e in events if e["type"] == "turn_committed")
+        counts["false"] += sum(
+            1
+            for e in events
+            if e["type"] == "barge_in_judged" and e["payload"]["outcome"] == "false"
+        )
     return out
 
 
@@ -431,7 +439,9 @@ def main() -> None:
             finally:
                 server.stop()
             for case in batch:
-                got = counts.get(case.service, {"cuts": 0, "turns": 0, "seconds": 0, "failed": 1})
+                got = counts.get(
+                    case.service, {"cuts": 0, "turns": 0, "seconds": 0, "failed": 1, "false": 0}
+                )
                 call_s += got["seconds"]
                 minutes = max(got["seconds"], 1) / 60
                 ended = "FAILED" if got["failed"] else ""
@@ -445,7 +455,8 @@ def main() -> None:
                     rows.append(
                         f"{case.name:22} {'':>8} {'':>8} {missed:>3}/{eligible:<3} "
                         + (f"{statistics.median(lat):>7.0f} {p95(lat):>7.0f}" if lat else " " * 15)
-                        + f" {got['seconds']:>5.0f} {ended}"
+                        + f" {got['seconds']:>5.0f} turns {got['turns']}/{len(case.lines)}"
+                        f" false {got['false']} {ended}"
                     )
                 else:
                     rows.append(
