@@ -23,19 +23,38 @@ SNR (20, 10, 5 dB; noise at the tests' speech level minus the SNR):
   barge-in (the agent talked on over the caller).
 
 Figures: false barge-ins per minute and false caller turns per minute (noise only, per minute of
-call), missed barge-ins, and barge-in latency at the caller's ear (median and p95). Up to
+call), missed barge-ins, and barge-in latency at the caller's ear (median and p95); for speech,
+also the caller turns committed against the lines spoken (more turns than lines: lines split at a
+pause, audio.vad_hangover_ms) and the barge-ins judged false. Up to
 ``--at-once`` calls run together (the server holds 4); the machine's other work shares the CPU.
+
+``--breakdown`` also splits each counted line's latency where the time goes (median and p95 of
+each part over the case's lines, and every line with ``--lines``):
+
+* **detector**: from the line's first sample to the end of the frame on which the segment held
+  ``audio.barge_in_min_speech_ms`` of evidence, the detector alone on the same audio (A-law and
+  back, up to the bridge's 16 kHz, no server: what bench/vad_sweep.py measures), with the
+  detector's defaults;
+* **to cut**: from the line's first packet on the wire to the server's ``call.barge_in`` log
+  line (wall clock, both): the detector's time plus PJSIP's jitter buffer, the media port's ring
+  and the wait for the next audio tick (``audio.tick_ms``); **in** is that minus the detector;
+* **after**: from the log line to the end of the last loud packet the caller heard: what was
+  already past the playout when it was cleared (the C port's ring is cleared with it; PJSIP's
+  bridge and encoder are not).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -43,8 +62,13 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from audio.evidence_vad import EvidenceVad  # noqa: E402
+from audio.resample import resample  # noqa: E402
+from audio.vad import SpeechStarted, VadConfig  # noqa: E402
+from config.settings import AudioSettings, MediaSettings  # noqa: E402
 from tests.fixtures.noise import NOISES, RATE, encode_alaw, write_rtp_pcap  # noqa: E402
 from tests.fixtures.noisy_caller import Case, build  # noqa: E402
+from tests.fixtures.speech import decode_alaw  # noqa: E402
 from tests.integration.harness import LOOPBACK, Server, free_port, wait_for  # noqa: E402
 from tests.integration.rtp_capture import Capture, RtpPacket  # noqa: E402
 
@@ -146,6 +170,72 @@ def run_batch(server: Server, batch: list[Case], work: Path) -> list[RtpPacket]:
     return packets
 
 
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) used so far by ``pid`` and its live descendants (/proc)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    stats: dict[int, tuple[int, float]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue  # it ended while we looked
+            stats[int(entry.name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
+    tree, grew = {pid}, True
+    while grew:
+        more = {child for child, (parent, _) in stats.items() if parent in tree} - tree
+        tree |= more
+        grew = bool(more)
+    return sum(stats[p][1] for p in tree if p in stats)
+
+
+def cut_times(server: Server) -> dict[str, list[float]]:
+    """Per called user: the wall-clock times (s) of the server's ``call.barge_in`` log lines."""
+    users = {
+        s["session_id"]: next(
+            e["payload"]["called_user"] for e in s["events"] if e["type"] == "call_offered"
+        )
+        for s in server.sessions()
+    }
+    out: dict[str, list[float]] = {}
+    for event in server.log_events():
+        if event.get("event") == "call.barge_in" and event.get("call_id") in users:
+            at = datetime.fromisoformat(event["ts"].replace("Z", "+00:00")).timestamp()
+            out.setdefault(users[event["call_id"]], []).append(at)
+    return out
+
+
+def detector_delays(case: Case) -> list[float | None]:
+    """Per line of ``case``: ms from its first sample to the end of the frame on which its
+    segment held ``barge_in_min_speech_ms`` of evidence (the detector's defaults, at the bridge's
+    16 kHz after A-law); None if it never did."""
+    audio = AudioSettings()
+    config = VadConfig(
+        aggressiveness=audio.vad_aggressiveness,
+        onset_ms=audio.vad_onset_ms,
+        hangover_ms=audio.vad_hangover_ms,
+        margin_db=audio.vad_margin_db,
+        window_ms=audio.vad_window_ms,
+        floor_rise_db_s=audio.vad_floor_rise_db_per_s,
+    )
+    rate = MediaSettings().clock_rate
+    pcm = resample(decode_alaw(encode_alaw(case.audio)), RATE, rate)
+    vad, step = EvidenceVad(rate, config), rate // 50
+    hits, armed = [], False
+    for at in range(0, len(pcm) - step + 1, step):
+        event = vad.process_pcm(pcm[at : at + step].tobytes(), at)
+        if isinstance(event, SpeechStarted):
+            armed = True
+        if armed and vad.speech_ms >= audio.barge_in_min_speech_ms:
+            armed = False
+            hits.append((at + step) / rate)
+    delays: list[float | None] = []
+    for start, length in case.lines:
+        got = [h for h in hits if start <= h <= start + length]
+        delays.append((got[0] - start) * 1000 if got else None)
+    return delays
+
+
 def session_counts(server: Server) -> dict[str, dict[str, int]]:
     """Per called user: barge-ins (speech) and committed caller turns, from the session log."""
     wait_for(lambda: all(s["ended"] for s in server.sessions()) or None, 20, "sessions to end")
@@ -154,13 +244,19 @@ def session_counts(server: Server) -> dict[str, dict[str, int]]:
         events = session["events"]
         offered = next(e for e in events if e["type"] == "call_offered")
         counts = out.setdefault(
-            offered["payload"]["called_user"], {"cuts": 0, "turns": 0, "seconds": 0, "failed": 0}
+            offered["payload"]["called_user"],
+            {"cuts": 0, "turns": 0, "seconds": 0, "failed": 0, "false": 0},
         )
         counts["seconds"] += events[-1]["at"] - events[0]["at"]
         counts["failed"] += session["ended"]["terminal_state"] != "completed"
         # The bench's callers press no key, so every interrupted response was cut by speech.
         counts["cuts"] += sum(1 for e in events if e["type"] == "response_interrupted")
         counts["turns"] += sum(1 for e in events if e["type"] == "turn_committed")
+        counts["false"] += sum(
+            1
+            for e in events
+            if e["type"] == "barge_in_judged" and e["payload"]["outcome"] == "false"
+        )
     return out
 
 
@@ -168,12 +264,35 @@ SILENT_S = 0.6  # longer than any pause inside a prompt (at most 0.52 s): the ag
 MISSED_MS = 1000.0  # the agent talked over a second of the caller's line: not a barge-in
 
 
-def speech_figures(case: Case, packets: list[RtpPacket]) -> tuple[list[float], int, int]:
-    """Latencies (ms) of the lines the agent talked over, lines missed, lines it talked over.
+@dataclass
+class Line:
+    """Where one counted line's latency went (ms; None where it cannot be told)."""
+
+    index: int
+    latency: float
+    detector: float | None = None
+    to_cut: float | None = None
+
+    @property
+    def after(self) -> float | None:
+        return None if self.to_cut is None else self.latency - self.to_cut
+
+    @property
+    def inbound(self) -> float | None:
+        if self.to_cut is None or self.detector is None:
+            return None
+        return self.to_cut - self.detector
+
+
+def speech_figures(
+    case: Case, packets: list[RtpPacket], cuts: list[float] | None = None
+) -> tuple[list[Line], int, int]:
+    """The lines the agent talked over and was cut by, lines missed, lines it talked over.
 
     For a line that began while the agent was loud (within 300 ms before): the cut is the end of
     the last loud packet before the first silence of :data:`SILENT_S` the caller heard after the
-    onset; a cut more than :data:`MISSED_MS` after the onset is a missed barge-in.
+    onset; a cut more than :data:`MISSED_MS` after the onset is a missed barge-in. With ``cuts``
+    (the server's barge-in times), each line also gets the first of them after its onset.
     """
     sent = [p for p in packets if p.src_port == case.media_port and p.payload_type == 8]
     if not sent:
@@ -184,8 +303,9 @@ def speech_figures(case: Case, packets: list[RtpPacket]) -> tuple[list[float], i
         for p in packets
         if p.src_port == server_port and p.dst_port == case.media_port and p.rms > LOUD
     )
-    latencies, missed, eligible = [], 0, 0
-    for start, _length in case.lines:
+    latencies: list[Line] = []
+    missed, eligible = 0, 0
+    for number, (start, _length) in enumerate(case.lines):
         index = round(start * 50)
         if index >= len(sent):
             continue
@@ -203,8 +323,12 @@ def speech_figures(case: Case, packets: list[RtpPacket]) -> tuple[list[float], i
         latency = (cut + 0.02 - onset) * 1000
         if latency > MISSED_MS:
             missed += 1
-        else:
-            latencies.append(latency)
+            continue
+        line = Line(number, latency)
+        decided = [t for t in cuts or () if onset <= t <= cut + 0.02]
+        if decided:
+            line.to_cut = (decided[0] - onset) * 1000
+        latencies.append(line)
     return latencies, missed, eligible
 
 
@@ -240,6 +364,30 @@ def p95(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, int(np.ceil(0.95 * len(ordered))) - 1)]
 
 
+def spread(values: list[float | None]) -> str:
+    known = [v for v in values if v is not None]
+    if not known:
+        return f"{'-':>11}"
+    return f"{statistics.median(known):>5.0f}/{p95(known):<5.0f}"
+
+
+def breakdown_row(case: Case, lines: list[Line], every: bool) -> list[str]:
+    delays = detector_delays(case)
+    for line in lines:
+        line.detector = delays[line.index]
+    rows = [
+        f"  {case.name:22} detector {spread([x.detector for x in lines])}"
+        f"  in {spread([x.inbound for x in lines])}  to cut {spread([x.to_cut for x in lines])}"
+        f"  after {spread([x.after for x in lines])}  (median/p95 ms, {len(lines)} lines)"
+    ]
+    if every:
+        for x in lines:
+            parts = [x.detector, x.inbound, x.to_cut, x.after]
+            shown = " ".join(f"{p:>5.0f}" if p is not None else f"{'-':>5}" for p in parts)
+            rows.append(f"    line {x.index}: {x.latency:>5.0f} = det+in+after {shown}")
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--seed", type=int, default=21)
@@ -254,6 +402,10 @@ def main() -> None:
     parser.add_argument(
         "--write-fixtures", type=Path, help="write the detector's unit-test fixtures here and stop"
     )
+    parser.add_argument(
+        "--breakdown", action="store_true", help="also where each case's latency goes (see above)"
+    )
+    parser.add_argument("--lines", action="store_true", help="with --breakdown: every line")
     args = parser.parse_args()
     cases = [
         Case(noise, int(snr), speech)
@@ -268,7 +420,8 @@ def main() -> None:
         return
     env = dict(item.split("=", 1) for item in args.env)
     started = time.monotonic()
-    rows = []
+    rows, details = [], []
+    cpu_s = call_s = 0.0
     with tempfile.TemporaryDirectory() as scratch:
         tmp = args.work or Path(scratch)
         for b in range(0, len(cases), args.at_once):
@@ -277,20 +430,33 @@ def main() -> None:
             work.mkdir(parents=True)
             server = Server(work / "server", env_overrides=env).start()
             try:
+                assert server.process is not None
+                cpu_before = tree_cpu_s(server.process.pid)
                 packets = run_batch(server, batch, work)
+                cpu_s += tree_cpu_s(server.process.pid) - cpu_before
                 counts = session_counts(server)
+                cuts = cut_times(server) if args.breakdown else {}
             finally:
                 server.stop()
             for case in batch:
-                got = counts.get(case.service, {"cuts": 0, "turns": 0, "seconds": 0, "failed": 1})
+                got = counts.get(
+                    case.service, {"cuts": 0, "turns": 0, "seconds": 0, "failed": 1, "false": 0}
+                )
+                call_s += got["seconds"]
                 minutes = max(got["seconds"], 1) / 60
                 ended = "FAILED" if got["failed"] else ""
                 if case.speech:
-                    lat, missed, eligible = speech_figures(case, packets)
+                    lines, missed, eligible = speech_figures(
+                        case, packets, cuts.get(case.service)
+                    )
+                    lat = [line.latency for line in lines]
+                    if args.breakdown:
+                        details += breakdown_row(case, lines, args.lines)
                     rows.append(
                         f"{case.name:22} {'':>8} {'':>8} {missed:>3}/{eligible:<3} "
                         + (f"{statistics.median(lat):>7.0f} {p95(lat):>7.0f}" if lat else " " * 15)
-                        + f" {got['seconds']:>5.0f} {ended}"
+                        + f" {got['seconds']:>5.0f} turns {got['turns']}/{len(case.lines)}"
+                        f" false {got['false']} {ended}"
                     )
                 else:
                     rows.append(
@@ -300,12 +466,22 @@ def main() -> None:
                 print(rows[-1], flush=True)
     print()
     print(f"seed {args.seed}, {time.monotonic() - started:.0f} s, env {env or 'defaults'}")
+    # The server's process tree while the calls ran, idle costs included (its own threads).
+    print(
+        f"server CPU {cpu_s:.1f} s over {call_s:.0f} s of calls:"
+        f" {100 * cpu_s / max(call_s, 1):.2f}% of a core per call"
+    )
     print(
         f"{'case':22} {'cuts/min':>8} {'turns/min':>8} {'missed':>7} {'med ms':>7} {'p95 ms':>7}"
         f" {'call s':>5}"
     )
     for row in rows:
         print(row)
+    if details:
+        print()
+        print("where the time goes (detector + in = to cut; to cut + after = the latency):")
+        for row in details:
+            print(row)
 
 
 if __name__ == "__main__":

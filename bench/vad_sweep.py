@@ -4,12 +4,15 @@ No server and no calls: each case's caller audio (same seeds as bench/bargein.py
 A-law and back, then frame by frame through the detector. Prints per setting, over every noise at
 each SNR: false barge-in candidates per minute and false turns per minute on noise alone, missed
 lines and the detection delay (median, p95: from a line's first sample to the frame where its
-segment held ``min_speech_ms``) on speech over noise. Detection delay is what the detector adds;
+segment held ``min_speech_ms``) on speech over noise, and split lines: lines in which a second
+segment held ``min_speech_ms`` (the line was cut in two at a pause shorter than it, a comma's:
+``--hangovers``). Detection delay is what the detector adds;
 bench/bargein.py measures the whole path at the caller's ear. Use it to narrow the settings, then
 measure the chosen ones with bench/bargein.py.
 
     python bench/vad_sweep.py
     python bench/vad_sweep.py --margins 6,9,12 --onsets 40,60,80 --snrs 10
+    python bench/vad_sweep.py --margins 8 --min-speech 60 --hangovers 300,400,500
 """
 
 from __future__ import annotations
@@ -56,15 +59,21 @@ def run(case: Case, config: VadConfig, min_speech_ms: int, turn_ms: int) -> dict
     minutes = len(audio) / RATE / 60
     if not case.speech:
         return {"cand": candidates / minutes, "turns": turns / minutes}
-    delays, missed = [], 0
+    delays, missed, split = [], 0, 0
     for start, length in case.lines:
         s0, s1 = round(start * RATE), round((start + length) * RATE)
         got = [h for h in hits if s0 - 160 <= h <= s1]
         if got:
             delays.append((got[0] - s0) / RATE * 1000)
+            split += len(got) > 1
         else:
             missed += 1
-    return {"delays": delays, "missed": missed, "lines": len(case.lines)}  # type: ignore[dict-item]
+    return {
+        "delays": delays,  # type: ignore[dict-item]
+        "missed": missed,
+        "lines": len(case.lines),
+        "split": split,
+    }
 
 
 def main() -> None:
@@ -76,6 +85,7 @@ def main() -> None:
     parser.add_argument("--windows", default="160")
     parser.add_argument("--min-speech", default="120")
     parser.add_argument("--aggressiveness", default="2")
+    parser.add_argument("--hangovers", default="300")
     parser.add_argument("--turn-ms", type=int, default=300)
     parser.add_argument("--verdicts", action="store_true", help="also the verdicts detector")
     args = parser.parse_args()
@@ -88,20 +98,20 @@ def main() -> None:
         build(case, args.seed, 30.0, 8)
     settings = [
         VadConfig(aggressiveness=int(a), onset_ms=int(o), window_ms=max(int(w), int(o)),
-                  margin_db=float(m))
-        for a, m, o, w in itertools.product(
+                  margin_db=float(m), hangover_ms=int(h))
+        for a, m, o, w, h in itertools.product(
             args.aggressiveness.split(","), args.margins.split(","), args.onsets.split(","),
-            args.windows.split(","),
+            args.windows.split(","), args.hangovers.split(","),
         )
     ]
     if args.verdicts:
         settings.insert(0, VadConfig(detector="verdicts"))
     print(f"{'setting':34} {'snr':>3} {'cand/min max':>12} {'turns/min max':>13} "
-          f"{'missed':>7} {'med ms':>6} {'p95 ms':>6}")
+          f"{'missed':>7} {'med ms':>6} {'p95 ms':>6} {'split':>6}")
     for config, min_speech in itertools.product(settings, args.min_speech.split(",")):
         label = (
             f"{config.detector[:4]} a{config.aggressiveness} m{config.margin_db:g} "
-            f"o{config.onset_ms} w{config.window_ms} s{min_speech}"
+            f"o{config.onset_ms} w{config.window_ms} s{min_speech} h{config.hangover_ms}"
         )
         for snr in snrs:
             noise_runs = [
@@ -112,6 +122,7 @@ def main() -> None:
             ]
             delays = [d for r in speech_runs for d in r["delays"]]  # type: ignore[attr-defined]
             missed = sum(int(r["missed"]) for r in speech_runs)
+            split = sum(int(r["split"]) for r in speech_runs)
             lines = sum(int(r["lines"]) for r in speech_runs)
             worst = max(noise_runs, key=lambda r: r["cand"])
             worst_turns = max(r["turns"] for r in noise_runs)
@@ -119,7 +130,7 @@ def main() -> None:
             top = p95(delays) if delays else float("nan")
             print(
                 f"{label:34} {snr:>3} {worst['cand']:>12.1f} {worst_turns:>13.1f} "
-                f"{missed:>3}/{lines:<3} {med:>6.0f} {top:>6.0f}"
+                f"{missed:>3}/{lines:<3} {med:>6.0f} {top:>6.0f} {split:>3}/{lines:<3}"
             )
 
 

@@ -49,7 +49,7 @@ from voicegate.observe.metrics import Metrics
 
 log = logging.getLogger("voicegate.agent.remote")
 
-FEATURES = ("marks", "tools", "resume", "dtmf", "speech_events", "consult")
+FEATURES = ("marks", "tools", "resume", "dtmf", "speech_events", "consult", "false_interruptions")
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +90,12 @@ class RemoteAgent(Agent):
         self._responses: dict[str, _Remote] = {}  # the agent's response id -> its handle
         self._ids: dict[str, str] = {}  # voicegate's response id -> the agent's
         self._last_cut: dict[str, Any] | None = None  # what the caller heard of the last cut
+        # The agent's id of the response the last barge-in cut: the one a false interruption
+        # is about (voicegate/call/turns.py judges only the latest speech cut).
+        self._barged: str | None = None
+        # Whether the agent listed false_interruptions in session.accept: an agent written
+        # before the message existed is never sent it.
+        self._hears_false = False
         self._tools = ToolCalls(context.call_id)
         self._gap: tuple[int, int] | None = None  # (first timestamp missed, samples missed)
         self._speaking = False
@@ -173,6 +179,8 @@ class RemoteAgent(Agent):
         if rid is None:
             return
         self._last_cut = {"response_id": rid, "heard_ms": cut.heard_ms}
+        if cut.reason == "barge_in":
+            self._barged = rid
         by_caller = cut.reason in CUT_BY_CALLER
         kind = {"type": "playback.interrupted"} if by_caller else {"type": "playback.cleared"}
         self.link.send(
@@ -185,6 +193,13 @@ class RemoteAgent(Agent):
                 "reason": cut.reason,
             }
         )
+
+    async def on_false_interruption(self, heard_ms: int) -> None:
+        rid, self._barged = self._barged, None
+        if rid is not None and self._hears_false:
+            self.link.send(
+                {"type": "playback.false_interruption", "response_id": rid, "heard_ms": heard_ms}
+            )
 
     async def on_gate(self, change: GateChange) -> None:
         self.link.send(
@@ -262,6 +277,7 @@ class RemoteAgent(Agent):
                 message["seq"],
             )
         self.consult_events = "consult" in message.get("features", ())
+        self._hears_false = "false_interruptions" in message["features"]
 
     # The link reports from its own task; everything it asks of the call runs on the call's task
     # (STYLE.md habit 5), in the order it arrived.
@@ -278,6 +294,7 @@ class RemoteAgent(Agent):
         self._restarting = True
         self._responses.clear()
         self._ids.clear()
+        self._barged = None
         self._tools.restart()
         return self._start(resumed=True)
 

@@ -42,6 +42,7 @@ SENDS: Final = frozenset(
         "mark.outcome",
         "playback.interrupted",
         "playback.cleared",
+        "playback.false_interruption",
         "gate",
         "transfer.progress",
         "consult.event",

@@ -4,7 +4,8 @@ Written from the document alone (it imports nothing of voicegate): it checks the
 answers session.start, speaks prompts (agents/prompts/*.wav) and a synthesized tone, reacts to
 DTMF, calls the ``charge`` tool, and resumes after a dropped socket (replaying what voicegate has
 not acked, asking again for a tool result it never got: voicegate answers with the original
-outcome, never a second charge).
+outcome, never a second charge). After a false interruption (the caller's noise cut a response
+and no turn followed) it says the cut response again from a little before where it was cut.
 
 Keys: 1 pays 5.00 through the charge tool, 5 plays an 8 s tone, 9 says goodbye and hangs up, 0
 asks voicegate to transfer the caller (to transfer.default_target), any other key is read back.
@@ -41,7 +42,15 @@ PROMPTS = Path(__file__).resolve().parents[2] / "agents" / "prompts"
 CHUNK_MS = 20
 LEAD_MS = 200  # stream at most this far ahead of real time (voicegate refuses past its maximum)
 # What the call is doing: logged whole (they hold no digit); other messages by type only.
-SHOWN = ("gate", "playback.cleared", "playback.interrupted", "transfer.progress", "consult.event")
+SHOWN = (
+    "gate",
+    "playback.cleared",
+    "playback.interrupted",
+    "playback.false_interruption",
+    "transfer.progress",
+    "consult.event",
+)
+BACK_MS = 500  # after a false interruption, pick up this far before the cut
 
 
 def verify(secret: str, token: str, audience: str) -> str | None:
@@ -78,6 +87,7 @@ class Session:
     stream: asyncio.Task[None] | None = None
     tools: dict[str, dict[str, Any] | None] = field(default_factory=dict)  # call_id -> result
     keep_streaming: bool = False
+    said: dict[str, np.ndarray] = field(default_factory=dict)  # response id -> its audio
     linked: asyncio.Event = field(default_factory=asyncio.Event)  # a live socket is attached
 
     async def send(self, body: dict[str, Any], link: bool = False) -> None:
@@ -112,9 +122,9 @@ class Session:
         """Start a response streamed in real time; the one before it stops streaming."""
         self.stop()
         self.responses += 1
-        self.stream = asyncio.create_task(
-            self._stream(f"a{self.responses}", np.concatenate(audio), mark, then_hangup)
-        )
+        rid, pcm = f"a{self.responses}", np.concatenate(audio)
+        self.said = {rid: pcm}  # only the latest can be picked up again
+        self.stream = asyncio.create_task(self._stream(rid, pcm, mark, then_hangup))
 
     async def _stream(self, rid: str, pcm: np.ndarray, mark: str | None, then: str) -> None:
         await self.send({"type": "response.start", "response_id": rid})
@@ -178,7 +188,7 @@ class Agent:
                     "type": "session.accept",
                     "version": 1,
                     "audio": audio,
-                    "features": ["marks", "tools", "resume", "consult"],
+                    "features": ["marks", "tools", "resume", "consult", "false_interruptions"],
                     "resume_token": token,
                 }
             )
@@ -237,6 +247,10 @@ class Agent:
                 s.say(s.prompt(f"payment_{outcome}"))
         elif kind == "playback.interrupted" and m["response_id"] == f"a{s.responses}":
             s.stop()  # (a key press may already have started the next response)
+        elif kind == "playback.false_interruption" and m["response_id"] in s.said:
+            # Nobody spoke to us: say the rest, from a little before the cut.
+            at = max(0, m["heard_ms"] - BACK_MS) * s.rate // 1000
+            s.say(s.said[m["response_id"]][at:])
         elif kind == "media.lost":
             s.stop()
         elif kind == "media.restored" and "agent_link" not in m["interruptions"]:

@@ -7,6 +7,7 @@ dropped by the agent's ``POST /admin/drop`` or by killing the agent process.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -549,3 +550,44 @@ def test_an_agent_that_restarted_takes_the_call_up_again_with_what_was_heard(
     types = [e["type"] for e in session_events(server)]
     assert types.count("agent_link_lost") == 1 and types.count("agent_link_restored") == 1
 
+
+def test_a_syllable_that_cut_the_greeting_is_told_as_a_false_interruption_and_the_agent_goes_on(
+    server_factory: ServerFactory, agent: ExampleAgent, tmp_path: Path
+) -> None:
+    # The caller says "uh" a second into the greeting and nothing more: a barge-in, no turn.
+    server = server_factory(**agent.env(), VOICEGATE_AUDIO_BARGE_IN_FALSE_WINDOW_MS="1000")
+    capture = Capture(tmp_path / "rtp.pcap", server.rtp_min, server.rtp_max)
+    try:
+        sipp = Sipp("uac-false-barge-in.xml", server.sip_target, tmp_path)
+        assert sipp.run() == 0, sipp.errors()
+    finally:
+        packets = capture.stop()
+    assert ended(server)["terminal_state"] == "completed"
+    events = session_events(server)
+    types = [e["type"] for e in events]
+    assert "turn_started" not in types and "turn_committed" not in types, types
+    (cut,) = [e for e in events if e["type"] == "response_interrupted"]
+    (judged,) = [e["payload"] for e in events if e["type"] == "barge_in_judged"]
+    assert judged["outcome"] == "false" and judged["heard_ms"] == cut["payload"]["heard_ms"]
+    assert server.metric("voicegate_barge_ins_total", reason="speech", outcome="false") == 1
+
+    # On the wire: the cut, then the judgement naming the same response and what was heard.
+    told = agent_told(agent)
+    kinds = [m["type"] for m in told]
+    assert "playback.false_interruption" in kinds, kinds
+    interrupted = next(m for m in told if m["type"] == "playback.interrupted")
+    false = next(m for m in told if m["type"] == "playback.false_interruption")
+    assert kinds.index("playback.interrupted") < kinds.index("playback.false_interruption")
+    assert interrupted["reason"] == "barge_in"
+    assert (false["response_id"], false["heard_ms"]) == ("a1", judged["heard_ms"])
+    assert server.metric("voicegate_agent_protocol_errors_total", kind="schema") == 0
+
+    # The agent picked the greeting up again: the caller heard it after a silence.
+    ports = range(server.rtp_min, server.rtp_max + 1)
+    loud = [p.at for p in packets if p.src_port in ports and p.payload_type == 8 and p.rms > 300]
+    # (The greeting's own pauses are under 0.6 s; the judgement waits 1 s after the cut.)
+    gaps = [(a, b) for a, b in itertools.pairwise(loud) if b - a > 0.6]
+    assert gaps, "the greeting never stopped"
+    assert any(t > gaps[0][1] for t in loud), "nothing was said after the cut"
+    responses = [e for e in events if e["type"] == "response_started"]
+    assert len(responses) == 2, types

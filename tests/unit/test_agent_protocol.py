@@ -56,7 +56,7 @@ SOURCES = [
 
 
 def _literal_types(path: Path) -> set[str]:
-    return set(re.findall(r'"type":\s*"([a-z.]+)"', path.read_text()))
+    return set(re.findall(r'"type":\s*"([a-z._]+)"', path.read_text()))
 
 
 def test_every_message_type_has_a_schema_and_every_schema_is_used() -> None:
@@ -428,12 +428,24 @@ def _msg(agent: RemoteAgent, body: dict[str, Any]) -> None:
     agent.handle_message({**body, "seq": agent.link.inbox.seq, "ack": 0})
 
 
+_ACCEPT = {
+    "type": "session.accept",
+    "seq": 1,
+    "ack": 1,
+    "version": 1,
+    "audio": {"encoding": "pcm16", "rate": 8000, "frame_ms": 20, "frame_bytes": 320},
+    "features": ["marks", "false_interruptions"],
+    "resume_token": "t" * 32,
+}
+
+
 def _drive(agent: RemoteAgent, call: Call) -> list[dict[str, Any]]:
     async def run() -> None:
         async def no_dial() -> None: ...
 
         agent.link.run = no_dial  # type: ignore[method-assign]
         await agent.on_start()
+        agent.check_accept(_ACCEPT)
         await agent.on_dtmf("5")
         await agent.on_speech_started()
         await agent.on_speech_turn(800)
@@ -442,6 +454,7 @@ def _drive(agent: RemoteAgent, call: Call) -> list[dict[str, Any]]:
         call.handles[0].ended = "interrupted"
         await agent.on_playback_cut(PlaybackCut("r1", 1, 420, ("m1",), "barge_in"))
         await agent.on_mark(MarkOutcome("r1", "m1", "cleared"))
+        await agent.on_false_interruption(420)
         _msg(agent, {"type": "response.start", "response_id": "a2"})
         await agent.on_playback_cut(PlaybackCut("r2", 2, 60, (), "agent_link"))
         await agent.on_gate(GateChange("frozen", "open", "agent_link"))
@@ -641,3 +654,28 @@ def test_a_rejoined_agent_sessions_tool_calls_never_take_the_keys_of_the_calls_b
     assert len(keys) == 4
     rejoined.restart()
     assert rejoined.new_key(call) not in keys
+
+
+def test_a_false_interruption_reaches_only_an_agent_that_asked_for_it() -> None:
+    def told(features: list[str]) -> list[dict[str, Any]]:
+        agent, call = _agent()
+
+        async def run() -> None:
+            agent.check_accept({**_ACCEPT, "features": features})
+            _msg(agent, {"type": "response.start", "response_id": "a1"})
+            await agent.on_playback_cut(PlaybackCut(call.handles[0].id, 1, 420, (), "barge_in"))
+            await agent.on_false_interruption(420)
+            # Judged once: a second report without a new barge-in has no response to name.
+            await agent.on_false_interruption(420)
+
+        asyncio.run(run())
+        return [
+            m
+            for m in agent.link.outbox.replay(0, 0)
+            if m["type"] == "playback.false_interruption"
+        ]
+
+    (message,) = told(["marks", "false_interruptions"])
+    assert (message["response_id"], message["heard_ms"]) == ("a1", 420)
+    validate("to_agent", message)
+    assert told(["marks"]) == []

@@ -74,7 +74,7 @@ def defaults_in(cwd: Path) -> Settings:
             vad_aggressiveness=2,
             vad_frame_ms=20,
             vad_onset_ms=60,
-            vad_hangover_ms=300,
+            vad_hangover_ms=400,
             vad_detector="evidence",
             vad_margin_db=8.0,
             vad_window_ms=160,
