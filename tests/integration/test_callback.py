@@ -3,7 +3,8 @@ starts a payment through the demo agent against the real reference payment provi
 answer), then its RTP stops for good; the server's media recovery gives up and hangs up, and the
 session is dropped, not ended. The caller calls back from the same number: "Press 1", the resume
 code, and the payment's outcome (reconciled by status, never charged again). One server for the
-module; each drop is about ten seconds of call, each callback about eight.
+module, at the product's gap threshold (1 s); each drop is about seventeen seconds of call (14 s
+of it the caller's own capture), each callback about eight.
 
 The test plays a caller who heard the code read out: it recovers the code from the digest in
 the session's log and the installation key in the server's data directory (which the test
@@ -20,16 +21,21 @@ from typing import Any
 
 import pytest
 
+from tests.fixtures.caller_stream import PAY_THEN_DROP, last_packet_ms
 from tests.integration.harness import Provider, Server, Sipp, wait_for
 from tests.secret_audit import AUDIT
 from voicegate.call.callback_keys import CODE_DIGITS, KEY_FILE
 
-# Two callers cut off at once (a drop costs about half a minute before PJSIP's counters show
-# the gap, so the module makes both drops in parallel), and a third who never called before.
+# Two callers cut off at once (the module makes both drops in parallel), and a third who never
+# called before.
 CALLER = "+15550100177"
 OTHER_CALLER = "+15550100188"
 STRANGER = "+15550100199"
 RESPOND_DELAY_S = 120.0
+# uac-pay-then-drop.xml's caller sends RTP without a break for this long from its ACK, then
+# none: the one media gap of its call begins there.
+DROP_AFTER_S = last_packet_ms(PAY_THEN_DROP) / 1000
+GAP_THRESHOLD_S = 1.0
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +51,9 @@ def server(tmp_path_factory: pytest.TempPathFactory, provider: Provider) -> Iter
     root = tmp_path_factory.mktemp("callback")
     env = {
         **provider.tool_env(timeout_s=100.0),
+        # The product's own threshold: the harness's default (30 s, for scenarios silent
+        # between their steps) would hold every drop half a minute before its gap counts.
+        "VOICEGATE_MEDIA_GAP_THRESHOLD_S": str(GAP_THRESHOLD_S),
         "VOICEGATE_SESSION_RECOVERY_TIMEOUT_S": "2",
         "VOICEGATE_SESSION_CALLBACK_WINDOW_S": "120",
     }
@@ -70,7 +79,7 @@ def _dropping(server: Server, work: Path, number: str) -> Sipp:
     csv.write_text(f"SEQUENTIAL\n{number};\n")
     AUDIT.register(number, "caller number", "tests/integration/test_callback.py")
     return Sipp(
-        "uac-pay-then-drop.xml", server.sip_target, work, extra=("-inf", str(csv)), timeout_s=90
+        "uac-pay-then-drop.xml", server.sip_target, work, extra=("-inf", str(csv)), timeout_s=45
     ).start()
 
 
@@ -131,6 +140,21 @@ def _call_back(server: Server, work: Path, scenario: str, number: str, keys: str
 
 def _new_sessions(server: Server, known: set[str]) -> list[dict[str, Any]]:
     return [s for s in server.sessions() if s["session_id"] not in known]
+
+
+def test_a_dropped_callers_gap_is_found_within_the_threshold_of_its_last_packet(
+    dropped: dict[str, dict[str, Any]],
+) -> None:
+    # The server's own times: its answer comes before SIPp's ACK, from which the caller's
+    # capture plays for DROP_AFTER_S, so its gap can be found no sooner than the threshold after
+    # that, and within a few health polls (media.health_poll_s, 200 ms) and SIPp's set-up.
+    for session in dropped.values():
+        types = _types(session)
+        assert types.count("media_lost") == 1, types  # no gap but the drop: RTP was continuous
+        answered = next(e for e in session["events"] if e["type"] == "call_answered")
+        lost = next(e for e in session["events"] if e["type"] == "media_lost")
+        found = lost["at"] - answered["at"] - DROP_AFTER_S
+        assert GAP_THRESHOLD_S <= found <= GAP_THRESHOLD_S + 2.0, found
 
 
 def test_a_caller_cut_off_mid_payment_calls_back_enters_the_code_and_hears_the_outcome(
