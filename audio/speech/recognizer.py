@@ -17,6 +17,7 @@ Not thread-safe: a decoder belongs to one thread (cmusphinx/pocketsphinx issue 3
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -42,7 +43,8 @@ _FRAME = samples_per_frame(MODEL_RATE)
 @dataclass(frozen=True, slots=True)
 class Heard:
     """What one utterance came to. ``text`` is the decoder's words (empty when there were none);
-    ``reason`` why it was rejected: ``no_hypothesis``, ``not_in_grammar`` or ``low_score``
+    ``reason`` why it was rejected: ``no_hypothesis``, ``not_in_grammar``, ``low_score`` or
+    ``decoder_error``
     (empty when accepted)."""
 
     text: str
@@ -131,11 +133,13 @@ class Recognizer:
             decoder.process_raw(frame, False, False)
             self._tail -= 1
             return self._finish() if self._tail == 0 else None
-        was_speaking = self._endpointer.in_speech
         speech = self._endpointer.process(frame)
         if speech is None:
             return None
-        if not was_speaking and not self._in_utterance:
+        # Also right after an utterance cut at MAX_UTTERANCE_S while the endpointer still hears
+        # speech (a caller on a noisy line "talks" without end): the rest is a new utterance.
+        # Feeding a decoder with none started makes its end_utt fail for every later one.
+        if not self._in_utterance:
             decoder.start_utt()
             self._in_utterance = True
             self._speech_frames = 0
@@ -149,9 +153,15 @@ class Recognizer:
 
     def _finish(self) -> Heard:
         decoder = self._decoder
-        decoder.end_utt()
         self._in_utterance = False
         self._tail = 0
+        try:
+            decoder.end_utt()
+        except RuntimeError:
+            # The decoder refused to close the utterance: reject it (re-prompt, never a guess)
+            # and start the next one clean rather than fail every utterance after it.
+            self._endpointer = _endpointer()
+            return Heard("", self.grammar, 0.0, False, "decoder_error", self._speech_frames * 20)
         speech_ms = self._speech_frames * 20
         hyp = decoder.hyp()
         text = " ".join(hyp.hypstr.split()) if hyp is not None else ""
@@ -166,8 +176,9 @@ class Recognizer:
 
     def _abandon(self) -> None:
         if self._in_utterance:
-            self._decoder.end_utt()
             self._in_utterance = False
+            with contextlib.suppress(RuntimeError):  # dropped anyway: a refusal changes nothing
+                self._decoder.end_utt()
         self._tail = 0
         self._endpointer = _endpointer()
 

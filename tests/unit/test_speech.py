@@ -239,3 +239,23 @@ def test_intents_of_each_state() -> None:
     assert intent("confirm", "that is right").kind == "yes"
     assert intent("digits", "one two oh four").value == "1204"
     assert say_cents(59) == "59 cents" and say_cents(250) == "2 euros and 50 cents"
+
+
+def test_a_caller_who_never_stops_is_cut_and_the_next_utterances_still_decode() -> None:
+    # A noisy line the endpointer hears as speech without end: cut at MAX_UTTERANCE_S, and
+    # what follows is a new utterance. The decoder used to be fed with no utterance started,
+    # and every end_utt after it failed (seen on a 10 dB babble call: the worker wedged).
+    recognizer = Recognizer(GRAMMARS, 8000)
+    rng = np.random.default_rng(3)
+    t = np.arange(8000 * 14) / 8000
+    tone = 8000 * np.sin(2 * np.pi * 180 * t) * (1 + 0.5 * np.sin(2 * np.pi * 3 * t))
+    endless = (tone + rng.normal(0, 2000, len(t))).astype(np.int16)
+    quiet = np.zeros(8000 * 3, dtype=np.int16)
+    audio = np.concatenate([endless, quiet, endless[: 8000 * 2], quiet])
+    heard = [h for chunk in np.array_split(audio, 700) for h in recognizer.feed(chunk)]
+    assert len(heard) >= 3, heard  # the cut, the rest of that noise, the short burst
+    assert all(h.reason != "decoder_error" for h in heard), heard
+    # And speech afterwards is an utterance of its own. (Whether it is understood at once is
+    # the decoder's: its cepstral mean has followed the noise for 16 s.)
+    (after,) = _recognise(recognizer, _spoken("make a payment", 8000), 8000)
+    assert after.reason != "decoder_error"
