@@ -27,9 +27,10 @@ def test_noise_alone_keeps_the_greeting_whole_and_commits_no_turn(
     assert "turn_started" not in types and "turn_committed" not in types, types
     assert "response_interrupted" not in types, types
     assert "barge_in_judged" not in types, types
-    # The first response is the greeting and the menu, heard to its last frame.
+    # The first response is the greeting, the menu and the speaking demo's hint of what to
+    # say (agents/speaking_demo.py), heard to its last frame.
     prompts = PromptLibrary(default_prompts_dir())
-    whole_ms = (len(prompts.get("greeting", 8000)) + len(prompts.get("menu", 8000))) / 8
+    whole_ms = sum(len(prompts.get(name, 8000)) for name in ("greeting", "menu", "speech_hint")) / 8
     finished = [e for e in events if e["type"] == "response_finished"]
     assert finished, types
     assert abs(finished[0]["payload"]["heard_ms"] - whole_ms) <= 40, (finished[0], whole_ms)
