@@ -18,10 +18,11 @@ stalled past ``stale_after_s`` and comes back finds its lease taken: its late wr
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from session.durable import DurableSession
-from session.events import AwayExpired, CallbackEnded, SessionReaped
-from session.state import AWAY_STATUS, DROPPED_STATUS, Signaling
+from session.events import AwayExpired, CallbackEnded, Event, SessionReaped
+from session.state import AWAY_STATUS, DROPPED_STATUS, SessionState, Signaling
 from session.store import (
     LeaseLost,
     SequenceConflict,
@@ -109,47 +110,50 @@ def expire_away(store: SessionStore, *, me: str, now: float) -> list[str]:
     """End every away session whose resume handle's lifetime is over: ``completed``
     (``transferred``), as the transfer itself used to (session.away). A caller who rejoined
     meanwhile moved the session on (its lease and log), so it is left alone. Idempotent."""
-    expired = []
-    for summary in store.open_sessions():
-        if not summary.status.startswith(AWAY_STATUS):
-            continue
-        state = DurableSession.load(store, summary.session_id).state
-        if state.signaling is not Signaling.AWAY or state.away_until is None:
-            continue
-        if now < state.away_until:
-            continue
-        try:
-            session = DurableSession.take_over(store, summary.session_id, owner=me, now=now)
-            if session.state.signaling is not Signaling.AWAY:
-                continue  # rejoined between the read and the take-over
-            session.apply(AwayExpired(REASON_AWAY_EXPIRED), now)
-        except (LeaseLost, SequenceConflict, SessionFinished):
-            continue
-        log.info("session.away_expired", extra={"session_id": summary.session_id, "by": me})
-        expired.append(summary.session_id)
-    return expired
+    return _expire_parked(
+        store, AWAY_STATUS, Signaling.AWAY, lambda state: state.away_until,
+        AwayExpired(REASON_AWAY_EXPIRED), "session.away_expired", me=me, now=now,
+    )  # fmt: skip
 
 
 def expire_dropped(store: SessionStore, *, me: str, now: float) -> list[str]:
     """End every dropped session whose callback window is over, with the ending its recovery's
     deadline gave it at the drop (session.callback): ``timed_out`` at stage ``recovery``, the
     same reason. A caller who called back meanwhile moved it on, so it is left alone."""
+    return _expire_parked(
+        store, DROPPED_STATUS, Signaling.DROPPED, lambda state: state.dropped_until,
+        CallbackEnded("window"), "session.callback_window_passed", me=me, now=now,
+    )  # fmt: skip
+
+
+def _expire_parked(
+    store: SessionStore,
+    status: str,
+    parked: Signaling,
+    until: Callable[[SessionState], float | None],
+    ending: Event,
+    logged: str,
+    *,
+    me: str,
+    now: float,
+) -> list[str]:
+    # A parked session (away or dropped) whose time is over ends with ``ending``; one the
+    # caller came back to between the read and the take-over is no longer parked.
     expired = []
     for summary in store.open_sessions():
-        if not summary.status.startswith(DROPPED_STATUS):
+        if not summary.status.startswith(status):
             continue
         state = DurableSession.load(store, summary.session_id).state
-        if state.signaling is not Signaling.DROPPED or state.dropped_until is None:
-            continue
-        if now < state.dropped_until:
+        deadline = until(state)
+        if state.signaling is not parked or deadline is None or now < deadline:
             continue
         try:
             session = DurableSession.take_over(store, summary.session_id, owner=me, now=now)
-            if session.state.signaling is not Signaling.DROPPED:
-                continue  # called back between the read and the take-over
-            session.apply(CallbackEnded("window"), now)
+            if session.state.signaling is not parked:
+                continue
+            session.apply(ending, now)
         except (LeaseLost, SequenceConflict, SessionFinished):
             continue
-        log.info("session.callback_window_passed", extra={"session_id": summary.session_id})
+        log.info(logged, extra={"session_id": summary.session_id, "by": me})
         expired.append(summary.session_id)
     return expired
