@@ -38,6 +38,11 @@ SPEAKING_RELIEF_DB: Final = 3.0
 NOISE_TAU_MS: Final = 400
 """Time constant of the floor's average over frames that are not evidence: the line's noise
 level, not its minimum (babble's quiet moments are 10 dB under its mean; speech 10 dB above)."""
+FLOOR_FALL_MAX_DB: Final = 0.5
+"""Most the floor falls in one frame: one frame's dip (a packet's loss, a gap in babble) is no
+quieter line, and babble stood 8 dB out of a floor two dips had pulled down."""
+LEARN_FRAMES: Final = 20
+"""Frames of audio (400 ms) over which the floor is learnt from every frame, evidence or not."""
 FLOOR_FALL: Final = 0.1
 """Share of the way to a quieter frame's level the floor moves at once: noise that stops is
 forgotten within a few frames."""
@@ -56,6 +61,7 @@ class EvidenceVad:
         "_alpha",
         "_evidence_ms",
         "_hangover",
+        "_heard",
         "_onset",
         "_quiet",
         "_rise",
@@ -89,6 +95,7 @@ class EvidenceVad:
         self._rise = config.floor_rise_db_s * FRAME_MS / 1000
         self._alpha = FRAME_MS / NOISE_TAU_MS
         self._warmup = -(-config.warmup_ms // FRAME_MS)
+        self._heard = 0  # frames with any audio so far, while the floor is still being learnt
         self._quiet = 0  # frames without evidence since the last evidence frame
         self._evidence_ms = 0
         self.speaking = False
@@ -154,14 +161,25 @@ class EvidenceVad:
         floor = self.floor_db
         if floor is None:
             self.floor_db = level
+            self._heard = 1
             return False
+        # The floor starts as the plain mean of the line's first frames and only then becomes a
+        # moving average: started from one frame, it kept that frame's luck (a quiet instant of
+        # babble is 10 dB under its mean), and babble then stood out of a floor it could not
+        # catch up with (speech raises it slowly), so a silent caller cut the greeting.
+        learning = self._heard < LEARN_FRAMES
+        if learning:
+            self._heard += 1
+            weight = 1.0 / self._heard
         margin = self.config.margin_db - (SPEAKING_RELIEF_DB if self.speaking else 0.0)
         evidence = is_speech and level >= floor + margin
-        if evidence:
+        if learning:
+            self.floor_db = floor + max(weight, self._alpha) * (level - floor)
+        elif evidence:
             # Speech barely moves it: a line whose noise got louder is still learnt, slowly.
             self.floor_db = min(level, floor + self._rise)
         elif level < floor:
-            self.floor_db = floor + FLOOR_FALL * (level - floor)
+            self.floor_db = floor - min(FLOOR_FALL * (floor - level), FLOOR_FALL_MAX_DB)
         else:
             self.floor_db = floor + self._alpha * (level - floor)
         return evidence
