@@ -4,8 +4,9 @@ webrtcvad alone calls much telephone noise speech (issue 21: pink noise 18 dB un
 greeting, brown noise committed caller turns), and one verdict per frame with a fixed debounce is
 one threshold. :class:`EvidenceVad` keeps webrtcvad as the per-frame detector and adds:
 
-* a **noise floor**: the average level (in dB, over about 400 ms) of the frames that are not
-  evidence, falling fast to quieter frames; evidence frames raise it by at most
+* a **noise floor**: the plain mean level (in dB) of the line's first 400 ms, then the average
+  level (over about 400 ms) of the frames that are not evidence, falling faster to quieter frames
+  but by at most ``FLOOR_FALL_MAX_DB`` a frame; evidence frames raise it by at most
   ``floor_rise_db_s`` decibels a second, so speech barely moves it while a line that got louder
   under continuous "speech" is still learnt. Levels are of the whole band (pre-emphasis, which
   would take out the rumble, lost more speech than noise over pink and babble: bench/vad_sweep.py).
@@ -44,8 +45,8 @@ quieter line, and babble stood 8 dB out of a floor two dips had pulled down."""
 LEARN_FRAMES: Final = 20
 """Frames of audio (400 ms) over which the floor is learnt from every frame, evidence or not."""
 FLOOR_FALL: Final = 0.1
-"""Share of the way to a quieter frame's level the floor moves at once: noise that stops is
-forgotten within a few frames."""
+"""Share of the way to a quieter frame's level the floor moves at once (up to FLOOR_FALL_MAX_DB):
+noise that stops is forgotten within a second."""
 
 
 class EvidenceVad:
@@ -167,14 +168,11 @@ class EvidenceVad:
         # moving average: started from one frame, it kept that frame's luck (a quiet instant of
         # babble is 10 dB under its mean), and babble then stood out of a floor it could not
         # catch up with (speech raises it slowly), so a silent caller cut the greeting.
-        learning = self._heard < LEARN_FRAMES
-        if learning:
-            self._heard += 1
-            weight = 1.0 / self._heard
         margin = self.config.margin_db - (SPEAKING_RELIEF_DB if self.speaking else 0.0)
         evidence = is_speech and level >= floor + margin
-        if learning:
-            self.floor_db = floor + max(weight, self._alpha) * (level - floor)
+        if self._heard < LEARN_FRAMES:
+            self._heard += 1
+            self.floor_db = floor + (level - floor) / self._heard
         elif evidence:
             # Speech barely moves it: a line whose noise got louder is still learnt, slowly.
             self.floor_db = min(level, floor + self._rise)
