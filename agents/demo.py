@@ -50,6 +50,7 @@ class _Mode(enum.Enum):
     COLLECTING = "collecting"
     AMOUNT = "amount"
     CONFIRM = "confirm"
+    CONFIRM_END = "confirm_end"  # the speaking demo heard "goodbye": asking before hanging up
     PAYING = "paying"
     TRANSFERRING = "transferring"
     ENDING = "ending"

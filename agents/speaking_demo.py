@@ -3,20 +3,24 @@
 What the caller says goes to the process's recognition thread (audio/speech/worker.py), never
 decoded on the media clock thread or the event loop; each utterance comes back to the call's own
 task (``call.call_soon``), is logged as a ``caller_said`` event, and is acted on only if the
-grammar of the current dialog state accepted it; the agent answers once the caller's turn has
-ended, not in a pause mid-sentence. A rejection re-prompts (unless a prompt is already playing),
-never guesses; on a G.711 call a rejected amount offers the keypad (spoken amounts through an
-8 kHz codec are unreliable: docs/speech.md). A payment is charged only after the caller confirms
-it (a spoken yes or key 1), and the confirmation is in the log before the intent. Dynamic
-sentences ("You said 59 cents. Shall I charge it?") are synthesised by espeak-ng and cached; the
-rest are the recorded prompts. Keys keep working in every state.
+grammar of the current dialog state accepted it and the session heard a caller turn where it was
+said (the recogniser's own endpointer hears words in line noise the session rightly ignores); the
+agent answers once the caller's turn has ended, not in a pause mid-sentence. A rejection
+re-prompts (unless a prompt is already playing), never guesses; on a G.711 call a rejected amount
+offers the keypad (spoken amounts through an 8 kHz codec are unreliable: docs/speech.md). A
+payment is charged only after the caller confirms it (a spoken yes or key 1), and the
+confirmation is in the log before the intent. Dynamic sentences ("You said 59 cents. Shall I
+charge it?") are synthesised by espeak-ng and cached; the rest are the recorded prompts. Keys
+keep working in every state.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Final
 
 import numpy as np
 from numpy.typing import NDArray
@@ -35,14 +39,22 @@ _GRAMMAR_OF = {
     _Mode.MENU: "menu",
     _Mode.AMOUNT: "amount",
     _Mode.CONFIRM: "confirm",
+    _Mode.CONFIRM_END: "confirm",
     _Mode.COLLECTING: "digits",
 }
 _REPROMPT = {
     _Mode.MENU: ("menu", "speech_hint"),
     _Mode.AMOUNT: ("say_amount",),
     _Mode.CONFIRM: ("say_yes_or_no",),
+    _Mode.CONFIRM_END: ("confirm_goodbye",),
     _Mode.COLLECTING: ("say_digits",),
 }
+TURN_SLACK_MS: Final = 500
+"""How far an utterance may lie outside the session's caller turn and still be of it: the turn
+starts once ``audio.turn_min_speech_ms`` is heard and ends a hangover after the speech, and the
+recogniser dates an utterance's end to about 100 ms (audio/speech/recognizer.py)."""
+KEPT_TURNS: Final = 4
+NO_TURN: Final = "no caller turn: the line's noise, not speech"
 _synthesizer = Synthesizer()
 # One thread: espeak-ng synthesises one sentence at a time anyway (audio/speech/synth.py).
 _synthesis = ThreadPoolExecutor(max_workers=1, thread_name_prefix="voicegate-synth")
@@ -60,6 +72,13 @@ class SpeakingDemoAgent(DemoAgent):
         self._speaking = False
         self._pending: list[Heard] = []
         self._dropping = False
+        # Where the session's caller turns lie in the audio given to the recogniser (ms of it):
+        # pocketsphinx's own endpointer hears "utterances" in line noise that the session's
+        # detector rightly ignores (brown noise 10 dB under speech was heard as "hang up", and
+        # the call ended), so an utterance counts only if a caller turn was heard where it was.
+        self._fed_ms = 0
+        self._turn_from: int | None = None
+        self._turns: deque[tuple[int, int]] = deque(maxlen=KEPT_TURNS)
 
     # The dialog state: switching it switches the grammar the caller is heard with.
     @property
@@ -84,7 +103,10 @@ class SpeakingDemoAgent(DemoAgent):
         if stream is None:
             stream = self._stream = shared_thread().open(GRAMMARS, frame.rate, self._deliver)
             stream.use(_GRAMMAR_OF.get(self.mode, "menu"))
-        if not stream.feed(frame.samples) and not self._dropping:
+        if stream.feed(frame.samples):
+            # Only audio the recogniser got moves its clock: a dropped frame never reaches it.
+            self._fed_ms += len(frame.samples) * 1000 // frame.rate
+        elif not self._dropping:
             # The recognition thread is that far behind: recognition loses audio, the call none.
             self._dropping = True
             log.warning("demo.speech_frames_dropped", extra={"call_id": self.context.call_id})
@@ -100,11 +122,19 @@ class SpeakingDemoAgent(DemoAgent):
         # left waiting is superseded by this one.
         self._drop_pending("superseded")
         self._speaking = True
+        self._turn_from = self._fed_ms
 
     async def on_speech_turn(self, duration_ms: int) -> None:
         # The recogniser's answer, not DemoAgent's menu: act on what was heard in the turn.
         self._speaking = False
-        pending, self._pending = self._pending, []
+        self._end_turn()
+        pending = []
+        waiting, self._pending = self._pending, []
+        for heard in waiting:
+            if self._in_a_turn(heard):
+                pending.append(heard)
+            else:
+                self._log(heard, "rejected", NO_TURN)
         if not pending:
             return
         accepted = [h for h in pending if h.accepted]
@@ -118,12 +148,32 @@ class SpeakingDemoAgent(DemoAgent):
         # A key answers the prompt: speech still waiting for the end of its turn is superseded.
         self._speaking = False
         self._drop_pending("superseded by a key")
+        if self.mode is _Mode.CONFIRM_END:
+            # Asked whether to end, the caller is still at the menu: 9 ends, star repeats it.
+            self.mode = _Mode.MENU
         await super().on_dtmf(digit)
 
     async def on_resumed(self, interruptions: str) -> None:
         self._speaking = False
+        self._end_turn()
         self._drop_pending("the call was interrupted")
         await super().on_resumed(interruptions)
+
+    def _end_turn(self) -> None:
+        if self._turn_from is not None:
+            self._turns.append((self._turn_from, self._fed_ms))
+            self._turn_from = None
+
+    def _in_a_turn(self, heard: Heard) -> bool:
+        """Whether the session heard a caller turn about where ``heard`` was said."""
+        start, end = heard.ended_ms - heard.speech_ms, heard.ended_ms
+        turns = list(self._turns)
+        if self._turn_from is not None:
+            turns.append((self._turn_from, self._fed_ms))
+        return any(
+            start <= t_end + TURN_SLACK_MS and end >= t_start - TURN_SLACK_MS
+            for t_start, t_end in turns
+        )
 
     def _drop_pending(self, why: str) -> None:
         pending, self._pending = self._pending, []
@@ -144,6 +194,8 @@ class SpeakingDemoAgent(DemoAgent):
         # On the call's task. While the caller is still talking, wait for the end of the turn.
         if self._speaking:
             self._pending.append(heard)
+        elif not self._in_a_turn(heard):
+            self._log(heard, "rejected", NO_TURN)
         else:
             self._heard(heard)
 
@@ -210,7 +262,15 @@ class SpeakingDemoAgent(DemoAgent):
             case _Mode.MENU, "person":
                 self._menu("0")
             case _Mode.MENU, "goodbye":
+                # Asked first: speech outside the grammar is forced into it, and "Sorry, can I
+                # talk to someone?" was heard as "hang up" (score 0.61) inside a real turn.
+                self.mode = _Mode.CONFIRM_END
+                self._say("confirm_goodbye")
+            case _Mode.CONFIRM_END, "yes":
                 self._menu("9")
+            case _Mode.CONFIRM_END, "no":
+                self.mode = _Mode.MENU
+                self._say("menu")
             case _Mode.MENU, "digits":
                 self.mode = _Mode.COLLECTING
                 self._digits = []
@@ -267,7 +327,6 @@ class SpeakingDemoAgent(DemoAgent):
             response.done()
 
         future.add_done_callback(spoken)
-
 
 
 def speaking_demo(context: CallContext, call: CallControl) -> Agent:

@@ -90,10 +90,8 @@ class BargeIn:
         decision = None
         if (
             self._in_segment
-            and self.config.enabled
             and playing is not None
-            and playing == self._segment_response
-            and playing != self._triggered
+            and self.armed(playing)
             and speech_ms >= self.config.min_speech_ms
         ):
             decision = Interrupt("speech", self._onset, playing)
@@ -102,6 +100,13 @@ class BargeIn:
             self._in_segment = False
             self._segment_response = None
         return decision
+
+    def armed(self, playing: str | None) -> bool:
+        """Whether speech could still cut ``playing``: not cut already, and, inside a segment,
+        the response that segment started over (:meth:`on_frame`'s conditions, bar the length)."""
+        if not self.config.enabled or playing is None or playing == self._triggered:
+            return False
+        return not self._in_segment or playing == self._segment_response
 
     def on_dtmf(self, timestamp: int, playing: str | None) -> Interrupt | None:
         """A key press at ``timestamp`` (inbound clock) while ``playing`` is playing."""

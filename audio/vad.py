@@ -72,7 +72,7 @@ class VadConfig:
     """``evidence`` (:class:`audio.evidence_vad.EvidenceVad`: verdicts that stand out of the
     tracked noise floor, onset over a window) or ``verdicts`` (:class:`VoiceActivity`: webrtcvad's
     verdicts with hysteresis, what voicegate did before issue 21)."""
-    margin_db: float = 8.0
+    margin_db: float = 8.5
     """Evidence detector: how far above the noise floor a speech frame must be."""
     window_ms: int = 160
     """Evidence detector: speech starts when ``onset_ms`` of evidence lies within this window
@@ -211,6 +211,11 @@ class VoiceActivity:
         line's noise floor, so the frames webrtcvad's own overhang adds after a click do not count.
         """
         return self._speech_frames * self.config.frame_ms if self.speaking else 0
+
+    @property
+    def stirring(self) -> bool:
+        """Speaking, or a run of speech verdicts that the next frames may make a segment."""
+        return self.speaking or self._run > 0
 
     def process(self, frame: Frame) -> VadEvent | None:
         """Classify ``frame``; the event it completes, if any (at most one per 20 ms frame)."""

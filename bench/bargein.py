@@ -23,8 +23,10 @@ SNR (20, 10, 5 dB; noise at the tests' speech level minus the SNR):
   barge-in (the agent talked on over the caller).
 
 Figures: false barge-ins per minute and false caller turns per minute (noise only, per minute of
-call), missed barge-ins, and barge-in latency at the caller's ear (median and p95); for speech,
-also the caller turns committed against the lines spoken (more turns than lines: lines split at a
+call), with **acted/min**, the utterances the demo agent acted on (``caller_said`` not rejected:
+the recogniser's own endpointer can hear "hang up" in noise the detector ignores), missed
+barge-ins, and barge-in latency at the caller's ear (median and p95); for speech, also the caller
+turns committed against the lines spoken (more turns than lines: lines split at a
 pause, audio.vad_hangover_ms) and the barge-ins judged false. Up to
 ``--at-once`` calls run together (the server holds 4); the machine's other work shares the CPU.
 
@@ -236,6 +238,11 @@ def detector_delays(case: Case) -> list[float | None]:
     return delays
 
 
+def no_counts(failed: int = 0) -> dict[str, int]:
+    """A called user's counts before any session (``failed``: 1 for a call that never was)."""
+    return {"cuts": 0, "turns": 0, "seconds": 0, "failed": failed, "false": 0, "acted": 0}
+
+
 def session_counts(server: Server) -> dict[str, dict[str, int]]:
     """Per called user: barge-ins (speech) and committed caller turns, from the session log."""
     wait_for(lambda: all(s["ended"] for s in server.sessions()) or None, 20, "sessions to end")
@@ -243,10 +250,7 @@ def session_counts(server: Server) -> dict[str, dict[str, int]]:
     for session in server.sessions():
         events = session["events"]
         offered = next(e for e in events if e["type"] == "call_offered")
-        counts = out.setdefault(
-            offered["payload"]["called_user"],
-            {"cuts": 0, "turns": 0, "seconds": 0, "failed": 0, "false": 0},
-        )
+        counts = out.setdefault(offered["payload"]["called_user"], no_counts())
         counts["seconds"] += events[-1]["at"] - events[0]["at"]
         counts["failed"] += session["ended"]["terminal_state"] != "completed"
         # The bench's callers press no key, so every interrupted response was cut by speech.
@@ -256,6 +260,13 @@ def session_counts(server: Server) -> dict[str, dict[str, int]]:
             1
             for e in events
             if e["type"] == "barge_in_judged" and e["payload"]["outcome"] == "false"
+        )
+        # What the demo agent acted on of what the recogniser heard: from noise alone, a caller
+        # turn as surely as a committed one (a "hang up" ends the call).
+        counts["acted"] += sum(
+            1
+            for e in events
+            if e["type"] == "caller_said" and e["payload"]["decision"] != "rejected"
         )
     return out
 
@@ -422,6 +433,7 @@ def main() -> None:
     started = time.monotonic()
     rows, details = [], []
     cpu_s = call_s = 0.0
+    ticks = {"steady": 0.0, "barge_in": 0.0}
     with tempfile.TemporaryDirectory() as scratch:
         tmp = args.work or Path(scratch)
         for b in range(0, len(cases), args.at_once):
@@ -436,12 +448,12 @@ def main() -> None:
                 cpu_s += tree_cpu_s(server.process.pid) - cpu_before
                 counts = session_counts(server)
                 cuts = cut_times(server) if args.breakdown else {}
+                for pace in ticks:  # 0 from a server older than audio.barge_in_tick_ms
+                    ticks[pace] += server.metric("voicegate_media_ticks_total", pace=pace)
             finally:
                 server.stop()
             for case in batch:
-                got = counts.get(
-                    case.service, {"cuts": 0, "turns": 0, "seconds": 0, "failed": 1, "false": 0}
-                )
+                got = counts.get(case.service, no_counts(failed=1))
                 call_s += got["seconds"]
                 minutes = max(got["seconds"], 1) / 60
                 ended = "FAILED" if got["failed"] else ""
@@ -461,7 +473,8 @@ def main() -> None:
                 else:
                     rows.append(
                         f"{case.name:22} {got['cuts'] / minutes:>8.1f}"
-                        f" {got['turns'] / minutes:>8.1f} {'':>23} {got['seconds']:>5.0f} {ended}"
+                        f" {got['turns'] / minutes:>8.1f} {'':>23} {got['seconds']:>5.0f}"
+                        f" {got['acted'] / minutes:>9.1f} {ended}"
                     )
                 print(rows[-1], flush=True)
     print()
@@ -471,9 +484,14 @@ def main() -> None:
         f"server CPU {cpu_s:.1f} s over {call_s:.0f} s of calls:"
         f" {100 * cpu_s / max(call_s, 1):.2f}% of a core per call"
     )
+    all_ticks = sum(ticks.values())
+    print(
+        f"media ticks {all_ticks:.0f}: {ticks['barge_in']:.0f} at the barge-in pace"
+        f" ({100 * ticks['barge_in'] / max(all_ticks, 1):.1f}%)"
+    )
     print(
         f"{'case':22} {'cuts/min':>8} {'turns/min':>8} {'missed':>7} {'med ms':>7} {'p95 ms':>7}"
-        f" {'call s':>5}"
+        f" {'call s':>5} {'acted/min':>9}"
     )
     for row in rows:
         print(row)

@@ -6,13 +6,17 @@ each SNR: false barge-in candidates per minute and false turns per minute on noi
 lines and the detection delay (median, p95: from a line's first sample to the frame where its
 segment held ``min_speech_ms``) on speech over noise, and split lines: lines in which a second
 segment held ``min_speech_ms`` (the line was cut in two at a pause shorter than it, a comma's:
-``--hangovers``). Detection delay is what the detector adds;
+``--hangovers``). Detection delay is what the detector adds; ``--shifts N`` runs each speech
+case N times, shifted by a fraction of a frame each time (0, 160/N, ... samples), and adds the
+p99 and the maximum delay: where the frame edges fall in a line's first syllable must not
+decide when it starts (docs/barge-in.md).
 bench/bargein.py measures the whole path at the caller's ear. Use it to narrow the settings, then
 measure the chosen ones with bench/bargein.py.
 
     python bench/vad_sweep.py
     python bench/vad_sweep.py --margins 6,9,12 --onsets 40,60,80 --snrs 10
     python bench/vad_sweep.py --margins 8 --min-speech 60 --hangovers 300,400,500
+    python bench/vad_sweep.py --margins 8.5 --min-speech 60 --hangovers 400 --turn-ms 240 --shifts 8
 """
 
 from __future__ import annotations
@@ -38,8 +42,11 @@ def p95(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, -(-95 * len(ordered) // 100) - 1)]
 
 
-def run(case: Case, config: VadConfig, min_speech_ms: int, turn_ms: int) -> dict[str, float]:
-    audio = decode_alaw(encode_alaw(case.audio))
+def run(
+    case: Case, config: VadConfig, min_speech_ms: int, turn_ms: int, shift: int = 0
+) -> dict[str, float]:
+    """The detector over ``case`` (its first ``shift`` samples dropped, lines moved with it)."""
+    audio = decode_alaw(encode_alaw(case.audio))[shift:]
     vad = (EvidenceVad if config.detector == "evidence" else VoiceActivity)(RATE, config)
     candidates = turns = 0
     armed_cand = armed_turn = False
@@ -61,7 +68,7 @@ def run(case: Case, config: VadConfig, min_speech_ms: int, turn_ms: int) -> dict
         return {"cand": candidates / minutes, "turns": turns / minutes}
     delays, missed, split = [], 0, 0
     for start, length in case.lines:
-        s0, s1 = round(start * RATE), round((start + length) * RATE)
+        s0, s1 = round(start * RATE) - shift, round((start + length) * RATE) - shift
         got = [h for h in hits if s0 - 160 <= h <= s1]
         if got:
             delays.append((got[0] - s0) / RATE * 1000)
@@ -88,6 +95,9 @@ def main() -> None:
     parser.add_argument("--hangovers", default="300")
     parser.add_argument("--turn-ms", type=int, default=300)
     parser.add_argument("--verdicts", action="store_true", help="also the verdicts detector")
+    parser.add_argument(
+        "--shifts", type=int, default=1, help="run each speech case at this many sub-frame shifts"
+    )
     args = parser.parse_args()
     snrs = [int(x) for x in args.snrs.split(",")]
     cases = {
@@ -106,8 +116,10 @@ def main() -> None:
     ]
     if args.verdicts:
         settings.insert(0, VadConfig(detector="verdicts"))
+    shifts = [k * 160 // args.shifts for k in range(args.shifts)]
     print(f"{'setting':34} {'snr':>3} {'cand/min max':>12} {'turns/min max':>13} "
-          f"{'missed':>7} {'med ms':>6} {'p95 ms':>6} {'split':>6}")
+          f"{'missed':>7} {'med ms':>6} {'p95 ms':>6} {'split':>6}"
+          + (f" {'p99 ms':>6} {'max ms':>6}" if args.shifts > 1 else ""))
     for config, min_speech in itertools.product(settings, args.min_speech.split(",")):
         label = (
             f"{config.detector[:4]} a{config.aggressiveness} m{config.margin_db:g} "
@@ -118,7 +130,9 @@ def main() -> None:
                 run(cases[(n, snr, False)], config, int(min_speech), args.turn_ms) for n in NOISES
             ]
             speech_runs = [
-                run(cases[(n, snr, True)], config, int(min_speech), args.turn_ms) for n in NOISES
+                run(cases[(n, snr, True)], config, int(min_speech), args.turn_ms, shift)
+                for n in NOISES
+                for shift in shifts
             ]
             delays = [d for r in speech_runs for d in r["delays"]]  # type: ignore[attr-defined]
             missed = sum(int(r["missed"]) for r in speech_runs)
@@ -128,9 +142,14 @@ def main() -> None:
             worst_turns = max(r["turns"] for r in noise_runs)
             med = statistics.median(delays) if delays else float("nan")
             top = p95(delays) if delays else float("nan")
+            tail = ""
+            if args.shifts > 1 and delays:
+                ordered = sorted(delays)
+                p99 = ordered[min(len(ordered) - 1, -(-99 * len(ordered) // 100) - 1)]
+                tail = f" {p99:>6.0f} {ordered[-1]:>6.0f}"
             print(
                 f"{label:34} {snr:>3} {worst['cand']:>12.1f} {worst_turns:>13.1f} "
-                f"{missed:>3}/{lines:<3} {med:>6.0f} {top:>6.0f} {split:>3}/{lines:<3}"
+                f"{missed:>3}/{lines:<3} {med:>6.0f} {top:>6.0f} {split:>3}/{lines:<3}{tail}"
             )
 
 

@@ -206,6 +206,16 @@ class AudioSettings:
             "(a wake-up per tick per process) and adds up to one tick to barge-in latency",
         ),
     )
+    barge_in_tick_ms: int = field(
+        default=20,
+        metadata=key(
+            int_choice(20, 40, 60),
+            "How often caller audio is taken instead while a barge-in may be starting (speech "
+            "evidence over a playing response, on any call of the process), in ms. The ticks "
+            "that decide a barge-in come this often; every other tick is tick_ms apart. Equal "
+            "to tick_ms, the pace never changes",
+        ),
+    )
     vad_aggressiveness: int = field(
         default=2,
         metadata=key(
@@ -236,11 +246,15 @@ class AudioSettings:
         ),
     )
     vad_margin_db: float = field(
-        default=8.0,
+        # 8.5 with onsets of two full frames and weak ones (audio/evidence_vad.py): at 8 with
+        # three full frames, where the frame edges fell in a short first syllable moved its
+        # detection from 180 to 780 ms (docs/barge-in.md).
+        default=8.5,
         metadata=key(
             float_range(0, 40),
             "Evidence detector: how far above the tracked noise floor a frame must be to count "
-            "as speech, in dB",
+            "as speech, in dB (3.5 dB less once the caller is speaking, and for an onset's "
+            "frames beyond its first two)",
         ),
     )
     vad_window_ms: int = field(
@@ -874,6 +888,13 @@ def cross_check(s: Settings) -> list[CrossProblem]:
             CrossProblem(
                 ("audio.vad_detector", "audio.vad_frame_ms"),
                 'vad_detector = "evidence" needs vad_frame_ms = 20 (or use "verdicts")',
+            )
+        )
+    if s.audio.barge_in_tick_ms > s.audio.tick_ms:
+        problems.append(
+            CrossProblem(
+                ("audio.barge_in_tick_ms", "audio.tick_ms"),
+                "barge_in_tick_ms quickens the tick near a barge-in: it cannot exceed tick_ms",
             )
         )
     problems.extend(agent_problems(s.agent, s.session))

@@ -61,6 +61,7 @@ PROMPTS: dict[str, str] = {
     "payment_pending": "That payment is still being processed.",
     # The demo agent's speech (agent.speech): what to say, and what happens when it was not heard.
     "speech_hint": "Or just say what you want: make a payment, talk to a person, or goodbye.",
+    "confirm_goodbye": "Shall I end the call? Say yes or no, or press 9 to end it.",
     "say_amount": "Say the amount, for example fifty nine cents, or key it in and press hash.",
     "say_digits": "Say your digits, or key them in and press hash.",
     "not_understood": "Sorry, I did not catch that.",

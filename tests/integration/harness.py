@@ -127,6 +127,34 @@ def wait_for(
         time.sleep(interval)
 
 
+def datagrams_within(
+    sock: socket.socket, seconds: float, size: int = 65535
+) -> list[tuple[bytes, Any]]:
+    """Every (datagram, source) ``sock`` receives within ``seconds``."""
+    got = []
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        sock.settimeout(left)
+        try:
+            got.append(sock.recvfrom(size))
+        except TimeoutError:
+            break
+    return got
+
+
+# Every SIPp started in this process, kept to the end of the run. A test that fails before it
+# waits for its SIPps leaves them running; dropped, their Popen would warn "still running" when
+# collected, and pytest fails whichever later test of the process is running then (seen in CI:
+# test_resume_handles, after test_bridge had failed). They are stopped when the run ends.
+_started_sipps: list[Sipp] = []
+
+
+def stop_every_sipp() -> None:
+    """Stop and reap every SIPp this process started (pytest_sessionfinish)."""
+    while _started_sipps:
+        _started_sipps.pop().kill()
+
+
 @dataclass
 class Server:
     """A ``voicegate serve`` subprocess on free loopback ports with its own data directory."""
@@ -365,8 +393,12 @@ class Sipp:
             LOOPBACK,
             "-p",
             str(self.port or free_port()),
+            # SIPp binds its media at this port and the next three (audio, video at + 2): a
+            # block of this process's RTP share, not a kernel-picked port, whose + 2 lies in the
+            # other xdist process's share and may be any socket's ephemeral port (seen in CI:
+            # "Unable to bind video RTP socket ... Address already in use").
             "-mp",
-            str(free_port(udp_and_tcp=False)),
+            str(rtp_range(4)[0]),
             "-t",
             self.transport,
             "-timeout",
@@ -391,6 +423,7 @@ class Sipp:
         self.process = subprocess.Popen(
             self.args(), cwd=SCENARIOS, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
         )
+        _started_sipps.append(self)
         return self
 
     def wait(self, timeout: float | None = None) -> int:
@@ -405,10 +438,14 @@ class Sipp:
         return self.process.returncode
 
     def kill(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-        if self.process is not None:
-            self.process.communicate()
+        """Stop SIPp if it still runs; safe to call after :meth:`wait` (it then does nothing)."""
+        process = self.process
+        if process is None:
+            return
+        if process.poll() is None:
+            process.kill()
+        if process.stderr is not None and not process.stderr.closed:
+            process.communicate()
 
     def run(self) -> int:
         return self.start().wait()

@@ -14,8 +14,8 @@ LOUD = 300.0  # RMS of a 20 ms A-law frame of prompt audio (silence decodes to +
 VOICE = 60.0  # RMS from which the caller's capture counts as speech (its lead-in is +-8)
 # Configured: speech must hold audio.barge_in_min_speech_ms (60) of evidence, the VAD's onset
 # (60 ms) included, before the cut; the bound keeps the older 120 as headroom. On top come SIPp's
-# 20 ms packets, PJSIP's jitter buffer and the audio tick (audio.tick_ms, 60 ms), which batches
-# the frames VAD sees.
+# 20 ms packets, PJSIP's jitter buffer and the audio tick, which batches the frames VAD sees
+# (audio.tick_ms, 60 ms; audio.barge_in_tick_ms, 20 ms, once the caller's speech stirs the VAD).
 MIN_SPEECH_MS = 120
 JITTER_AND_TICKS_MS = 250
 

@@ -203,3 +203,6 @@ def test_no_input_asks_once_then_ends_timed_out(
     assert {"kind": "say", "prompt": "goodbye"} in fired[1]["effects"]
     assert 1.8 <= fired[1]["at"] - fired[0]["at"] <= 2.5
     assert server.metric("voicegate_calls_total", outcome="timed_out") == 1
+    # A caller who never speaks never quickens the media tick: every tick was a steady one.
+    assert server.metric("voicegate_media_ticks_total", pace="steady") > 50
+    assert server.metric("voicegate_media_ticks_total", pace="barge_in") == 0

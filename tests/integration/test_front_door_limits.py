@@ -12,7 +12,7 @@ import socket
 import time
 from pathlib import Path
 
-from tests.integration.harness import ServerFactory, Sipp, wait_for
+from tests.integration.harness import ServerFactory, Sipp, datagrams_within, wait_for
 from tests.integration.test_pool import pool_env, ready_workers, workers
 
 FLOODER = "127.0.0.2"
@@ -33,16 +33,7 @@ def _options(target: tuple[str, int], port: int, number: int) -> bytes:
 
 
 def _answers(sock: socket.socket, wait_s: float) -> list[bytes]:
-    got = []
-    deadline = time.monotonic() + wait_s
-    while (left := deadline - time.monotonic()) > 0:
-        sock.settimeout(left)
-        try:
-            data, _ = sock.recvfrom(65535)
-        except TimeoutError:
-            break
-        got.append(data)
-    return got
+    return [data for data, _ in datagrams_within(sock, wait_s)]
 
 
 def test_a_flooding_source_is_refused_503_while_others_are_served(

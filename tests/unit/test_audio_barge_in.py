@@ -181,3 +181,25 @@ def test_phone_speech_from_the_sipp_capture_barges_in_with_the_defaults() -> Non
     assert decisions[0].reason == "speech"
     # The capture's speech begins after 0.6 s of A-law's quietest code.
     assert 0.55 <= decisions[0].onset_timestamp / RATE <= 0.7
+
+
+# --- armed: whether the runtime should take the next frames at the barge-in pace ------------
+
+
+def test_armed_only_while_speech_could_still_cut_what_plays() -> None:
+    barge = BargeIn(BargeInConfig(min_speech_ms=100))
+    assert not barge.armed(None)  # nothing plays
+    assert barge.armed("r1")
+    assert barge.on_frame(started(10, 1), 20, "r1") is None
+    assert barge.armed("r1")  # a segment over r1, not long enough yet
+    assert not barge.armed("r2")  # the segment began over r1: it cannot cut r2
+    for speech_ms in (40, 60, 80):
+        assert barge.on_frame(None, speech_ms, "r1") is None
+    assert barge.on_frame(None, 100, "r1") == Interrupt("speech", 10 * SPF, "r1")
+    assert not barge.armed("r1")  # cut already: nothing left to decide
+    assert barge.on_frame(stopped(40, 10), 0, None) is None
+    assert barge.armed("r2")
+
+
+def test_never_armed_with_barge_in_disabled() -> None:
+    assert not BargeIn(BargeInConfig(enabled=False)).armed("r1")

@@ -99,7 +99,7 @@ def test_the_floor_still_falls_to_a_line_that_got_quieter_for_good() -> None:
     vad = EvidenceVad(RATE)
     feed(vad, loud)
     before = vad.floor_db
-    feed(vad, (loud // 10)[: RATE])
+    feed(vad, (loud // 10)[:RATE])
     assert before is not None and vad.floor_db is not None
     assert before - vad.floor_db > 18
 
@@ -127,6 +127,23 @@ def test_speech_over_noise_starts_near_its_onset_with_enough_evidence_to_barge_i
     assert early == []
 
 
+@pytest.mark.parametrize("name", SPEECH)
+def test_where_the_frame_edges_fall_does_not_decide_whether_a_line_starts(name: str) -> None:
+    # The clips' lines begin with a short syllable: with three full frames needed, the rumble
+    # line started 180 ms after its onset at one alignment and 780 ms at another (the server's
+    # frames fall wherever PJSIP's jitter buffer and resampler put them).
+    onset_ms = float(INDEX[name]["onset_ms"])  # type: ignore[arg-type]
+    samples = clip(name)
+    delays = []
+    for shift in range(0, 160, 20):  # 0 to 17.5 ms of the line's first frame
+        found = feed(EvidenceVad(RATE), samples[shift:])
+        starts = [e for e, _ in found if isinstance(e, SpeechStarted)]
+        assert starts, (shift, found)
+        delays.append(starts[0].detected_at_ms - (onset_ms - shift / 8))
+    assert max(delays) <= 250, delays
+    assert max(delays) - min(delays) <= 80, delays
+
+
 def test_digital_silence_teaches_nothing_and_starts_nothing() -> None:
     vad = EvidenceVad(RATE)
     assert feed(vad, np.zeros(RATE * 2, dtype=np.int16)) == []
@@ -149,8 +166,13 @@ def test_the_floor_follows_a_line_that_gets_louder() -> None:
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("detector", "neural"), ("margin_db", -1.0), ("margin_db", 41.0), ("window_ms", 10),
-     ("floor_rise_db_s", 0.0)],
+    [
+        ("detector", "neural"),
+        ("margin_db", -1.0),
+        ("margin_db", 41.0),
+        ("window_ms", 10),
+        ("floor_rise_db_s", 0.0),
+    ],
 )
 def test_config_refuses_bad_values_naming_the_field(field: str, value: object) -> None:
     with pytest.raises(VadConfigError, match=field):
@@ -195,3 +217,43 @@ def test_events_alternate_and_are_dated_before_they_are_decided(
             found.append(event)
     kinds = [SpeechStarted if i % 2 == 0 else SpeechStopped for i in range(len(found))]
     assert [type(e) for e in found] == kinds
+
+
+def stirring_before_each_start(
+    vad: EvidenceVad | VoiceActivity, samples: NDArray[np.int16]
+) -> list[bool]:
+    """For each start, whether the detector was stirring after the frame before it."""
+    before, out = False, []
+    for at in range(0, len(samples) - 159, 160):
+        if isinstance(vad.process_pcm(samples[at : at + 160].tobytes(), at), SpeechStarted):
+            out.append(before)
+        before = vad.stirring
+    return out
+
+
+@pytest.mark.parametrize("name", SPEECH)
+def test_a_start_comes_only_after_a_frame_that_left_the_detector_stirring(name: str) -> None:
+    # The runtime takes caller audio at audio.barge_in_tick_ms while a call's detector stirs: so
+    # the frame that decides a barge-in is always taken at that pace, never a long tick late.
+    for vad in (EvidenceVad(RATE), VoiceActivity(RATE, VadConfig())):
+        before = stirring_before_each_start(vad, clip(name))
+        assert before and all(before), (type(vad).__name__, before)
+
+
+@pytest.mark.parametrize("name", NOISE_ONLY)
+def test_noise_alone_seldom_stirs_the_detector(name: str) -> None:
+    # Each stirring frame costs quicker ticks for the process: noise must not keep it stirring.
+    vad = EvidenceVad(RATE)
+    samples = clip(name)
+    stirring = 0
+    for at in range(0, len(samples) - 159, 160):
+        vad.process_pcm(samples[at : at + 160].tobytes(), at)
+        stirring += vad.stirring
+    assert stirring <= 5, f"{stirring} of {len(samples) // 160} frames"
+
+
+def test_not_stirring_once_speech_has_stopped() -> None:
+    vad = EvidenceVad(RATE)
+    events = feed(vad, np.concatenate([clip(SPEECH[0]), np.zeros(RATE, dtype=np.int16)]))
+    assert isinstance(events[-1][0], SpeechStopped)
+    assert not vad.stirring and not vad.speaking

@@ -15,13 +15,13 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from config.tools import ToolSettings
-from providers.payments import create_app
 from session import effects as fx
 from session import events as sev
 from session.durable import DurableSession
 from session.store import SessionStore
 from session.store.sqlite import SqliteSessionStore
 from session.store.writer import StoreWriter
+from tests.payment_app import payment_app
 from voicegate.faults import Faults
 from voicegate.observe.metrics import Metrics
 from voicegate.tools.call_tools import CallTools, ToolDone, ToolRefused
@@ -42,7 +42,7 @@ class Services:
 
 @pytest.fixture
 async def provider(tmp_path: Path) -> AsyncIterator[TestServer]:
-    server = TestServer(create_app(tmp_path / "ledger.sqlite3"))
+    server = TestServer(await payment_app(tmp_path / "ledger.sqlite3"))
     await server.start_server()
     yield server
     await server.close()

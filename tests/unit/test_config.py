@@ -76,7 +76,7 @@ def defaults_in(cwd: Path) -> Settings:
             vad_onset_ms=60,
             vad_hangover_ms=400,
             vad_detector="evidence",
-            vad_margin_db=8.0,
+            vad_margin_db=8.5,
             vad_window_ms=160,
             vad_floor_rise_db_per_s=3.0,
             turn_min_speech_ms=240,

@@ -352,3 +352,19 @@ def test_the_evidence_detector_needs_20_ms_vad_frames() -> None:
     assert len(err.problems) == 1
     assert "audio.vad_detector" in err.problems[0] and "audio.vad_frame_ms" in err.problems[0]
     assert 'needs vad_frame_ms = 20 (or use "verdicts")' in err.problems[0]
+
+
+def test_the_barge_in_tick_cannot_be_slower_than_the_steady_one() -> None:
+    from config import load_settings
+
+    err = env_error(VOICEGATE_AUDIO_TICK_MS="40", VOICEGATE_AUDIO_BARGE_IN_TICK_MS="60")
+    assert len(err.problems) == 1
+    assert (
+        "audio.barge_in_tick_ms = 60" in err.problems[0] and "audio.tick_ms = 40" in err.problems[0]
+    )
+    assert "cannot exceed tick_ms" in err.problems[0]
+    # Equal is allowed: one pace, as before the barge-in tick.
+    same = load_settings(
+        None, {"VOICEGATE_AUDIO_TICK_MS": "40", "VOICEGATE_AUDIO_BARGE_IN_TICK_MS": "40"}
+    )
+    assert (same.audio.tick_ms, same.audio.barge_in_tick_ms) == (40, 40)

@@ -13,7 +13,7 @@ import signal
 import sqlite3
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,9 +26,10 @@ from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from providers.payments import STATE, Faults, Ledger, create_app
+from providers.payments import STATE, Faults, Ledger
 from providers.payments.__main__ import main as cli_main
 from tests.integration.harness import free_port
+from tests.payment_app import payment_app
 
 REPO = Path(__file__).resolve().parents[2]
 BODY: dict[str, object] = {"amount_cents": 1250, "currency": "EUR", "account": "acct-42"}
@@ -56,8 +57,7 @@ class Provider:
         return await self.client.get(f"/v1/charges/{quote(key, safe='')}")
 
 
-def ledger_rows(db: Path) -> list[dict[str, Any]]:
-    """The ledger as a second, independent connection sees it (committed rows only)."""
+def _read_ledger(db: Path) -> list[dict[str, Any]]:
     with sqlite3.connect(db) as conn:
         conn.row_factory = sqlite3.Row
         rows = [dict(r) for r in conn.execute("SELECT * FROM charges ORDER BY seq")]
@@ -65,10 +65,23 @@ def ledger_rows(db: Path) -> list[dict[str, Any]]:
     return rows
 
 
-async def eventually(condition: Callable[[], bool], within_s: float = 5.0) -> None:
+async def ledger_rows(db: Path) -> list[dict[str, Any]]:
+    """The ledger as a second, independent connection sees it (committed rows only).
+
+    Read off the loop: the provider under test serves on this loop, and a read that meets its
+    writer's lock waits in SQLite's busy handler (seen in CI: 31 sleeps, 54 ms).
+    """
+    return await asyncio.to_thread(_read_ledger, db)
+
+
+async def _has_rows(db: Path, count: int) -> bool:
+    return len(await ledger_rows(db)) == count
+
+
+async def eventually(condition: Callable[[], Awaitable[bool]], within_s: float = 5.0) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + within_s
-    while not condition():
+    while not await condition():
         if loop.time() > deadline:
             raise AssertionError("condition not met in time")
         await asyncio.sleep(0.01)
@@ -77,7 +90,7 @@ async def eventually(condition: Callable[[], bool], within_s: float = 5.0) -> No
 @pytest.fixture
 async def provider(tmp_path: Path) -> AsyncIterator[Provider]:
     db = tmp_path / "ledger.sqlite3"
-    async with TestClient(TestServer(create_app(db, admin=True))) as client:
+    async with TestClient(TestServer(await payment_app(db, admin=True))) as client:
         yield Provider(client, db)
 
 
@@ -98,7 +111,7 @@ async def test_new_key_commits_one_row_then_answers(provider: Provider) -> None:
         "currency": "EUR",
         "key": "order-1",
     }
-    [row] = ledger_rows(provider.db)
+    [row] = await ledger_rows(provider.db)
     assert (row["key"], row["status"], row["charge_id"]) == (
         "order-1",
         "committed",
@@ -119,7 +132,7 @@ async def test_same_key_same_body_replays_the_original_byte_for_byte(provider: P
         assert again.status == 200
         assert again.headers["Idempotent-Replayed"] == "true"
         assert await again.read() == first_bytes
-    assert len(ledger_rows(provider.db)) == 1
+    assert len(await ledger_rows(provider.db)) == 1
 
 
 async def test_absent_and_null_reference_are_the_same_request(provider: Provider) -> None:
@@ -137,14 +150,14 @@ async def test_same_key_other_body_is_rejected_and_writes_nothing(
     provider: Provider, change: dict[str, object]
 ) -> None:
     await provider.charge("order-1")
-    before = ledger_rows(provider.db)
+    before = await ledger_rows(provider.db)
     resp = await provider.charge("order-1", {**BODY, **change})
     assert resp.status == 422
     assert await resp.json() == {
         "status": "rejected",
         "error": "idempotency key reused with a different request",
     }
-    assert ledger_rows(provider.db) == before
+    assert await ledger_rows(provider.db) == before
 
 
 @pytest.mark.parametrize(
@@ -164,7 +177,7 @@ async def test_refusal_is_recorded_and_replayed_and_reported(
         "currency": "EUR",
         "key": "pay-1",
     }
-    [row] = ledger_rows(provider.db)
+    [row] = await ledger_rows(provider.db)
     assert (row["status"], row["reason"], row["charge_id"]) == ("failed", reason, None)
     again = await provider.charge("pay-1", body)
     assert (again.status, again.headers["Idempotent-Replayed"]) == (402, "true")
@@ -172,7 +185,7 @@ async def test_refusal_is_recorded_and_replayed_and_reported(
     status = await provider.status("pay-1")
     assert status.status == 200
     assert await status.read() == first_bytes
-    assert len(ledger_rows(provider.db)) == 1
+    assert len(await ledger_rows(provider.db)) == 1
 
 
 BAD_REQUESTS: list[tuple[str | None, object, str]] = [
@@ -215,7 +228,7 @@ async def test_bad_request_names_the_field_and_writes_nothing(
     answer = await resp.json()
     assert answer["field"] == field
     assert isinstance(answer["error"], str) and answer["error"]
-    assert ledger_rows(provider.db) == []
+    assert await ledger_rows(provider.db) == []
 
 
 async def test_bounds_are_inclusive(provider: Provider) -> None:
@@ -241,7 +254,7 @@ async def test_concurrent_same_key_creates_exactly_one_row(
     assert len(set(bodies)) == 1  # one charge id, one answer
     replayed = [r.headers.get("Idempotent-Replayed") for r in responses]
     assert replayed.count(None) == 1 and replayed.count("true") == 19
-    [row] = ledger_rows(provider.db)
+    [row] = await ledger_rows(provider.db)
     assert row["charge_id"] == json.loads(bodies[0])["charge_id"]
 
 
@@ -249,7 +262,7 @@ async def test_concurrent_same_key_different_bodies_one_wins(provider: Provider)
     bodies = [{**BODY, "amount_cents": 100 + i} for i in range(10)]
     responses = await asyncio.gather(*(provider.charge("same", b) for b in bodies))
     assert sorted(r.status for r in responses) == [200] + [422] * 9
-    [row] = ledger_rows(provider.db)
+    [row] = await ledger_rows(provider.db)
     [winner] = [await r.json() for r in responses if r.status == 200]
     assert row["amount_cents"] == winner["amount_cents"]
 
@@ -274,7 +287,9 @@ async def test_status_of_never_seen_key_is_not_started_and_fences_it(provider: P
     late = await provider.charge("never")
     assert late.status == 409
     assert (await late.json())["status"] == "rejected"
-    assert [(r["key"], r["status"]) for r in ledger_rows(provider.db)] == [("never", "not_started")]
+    assert [(r["key"], r["status"]) for r in await ledger_rows(provider.db)] == [
+        ("never", "not_started")
+    ]
     assert (await provider.status("never")).status == 404
 
 
@@ -290,7 +305,7 @@ async def test_status_unknown_fault(provider: Provider) -> None:
     for key in ("done", "never"):
         resp = await provider.status(key)
         assert (resp.status, await resp.json()) == (200, {"status": "unknown", "key": key})
-    assert [r["key"] for r in ledger_rows(provider.db)] == ["done"]  # no fence written
+    assert [r["key"] for r in await ledger_rows(provider.db)] == ["done"]  # no fence written
 
 
 async def test_status_rejects_a_malformed_key(provider: Provider) -> None:
@@ -305,9 +320,9 @@ async def test_status_rejects_a_malformed_key(provider: Provider) -> None:
 async def test_respond_delay_commits_before_the_answer_leaves(provider: Provider) -> None:
     provider.faults.respond_delay_s = 1.0
     pending = asyncio.create_task(provider.charge("slow-answer"))
-    await eventually(lambda: len(ledger_rows(provider.db)) == 1)
+    await eventually(lambda: _has_rows(provider.db, 1))
     assert not pending.done()  # committed, and the caller has heard nothing yet
-    [row] = ledger_rows(provider.db)
+    [row] = await ledger_rows(provider.db)
     assert row["status"] == "committed"
     provider.faults.respond_delay_s = 0.0
     status = await provider.status("slow-answer")
@@ -330,9 +345,9 @@ async def test_charge_delay_past_the_callers_timeout_is_unknown_then_committed(
     # The provider still has it: not "not started" (that would invite a second charge).
     status = await provider.status("slow")
     assert await status.json() == {"status": "unknown", "key": "slow", "reason": "in_progress"}
-    assert ledger_rows(provider.db) == []
+    assert await ledger_rows(provider.db) == []
     # The caller hung up; the charge goes through anyway, and the receipt says so.
-    await eventually(lambda: len(ledger_rows(provider.db)) == 1)
+    await eventually(lambda: _has_rows(provider.db, 1))
     status = await provider.status("slow")
     assert (await status.json())["status"] == "committed"
     replay = await provider.charge("slow")
@@ -346,11 +361,11 @@ async def test_fail_status_answers_5xx_and_writes_nothing(provider: Provider) ->
         failed = await provider.charge("flaky")
         assert failed.status == 503
         assert (await failed.json())["status"] == "error"
-        assert ledger_rows(provider.db) == []
+        assert await ledger_rows(provider.db) == []
     assert (await (await provider.client.get("/admin/faults")).json())["fail_count"] == 0
     ok = await provider.charge("flaky")
     assert ok.status == 200 and "Idempotent-Replayed" not in ok.headers
-    assert len(ledger_rows(provider.db)) == 1
+    assert len(await ledger_rows(provider.db)) == 1
 
 
 async def test_admin_faults_partial_update_and_validation(provider: Provider) -> None:
@@ -380,7 +395,7 @@ async def test_admin_faults_partial_update_and_validation(provider: Provider) ->
 
 
 async def test_admin_routes_exist_only_with_admin(tmp_path: Path) -> None:
-    async with TestClient(TestServer(create_app(tmp_path / "l.sqlite3"))) as client:
+    async with TestClient(TestServer(await payment_app(tmp_path / "l.sqlite3"))) as client:
         assert (await client.get("/admin/faults")).status == 404
         assert (await client.post("/admin/faults", json={})).status in (404, 405)
         assert (await client.get("/healthz")).status == 200
@@ -404,13 +419,13 @@ async def test_ledger_endpoint_lists_rows_oldest_first(provider: Provider) -> No
 
 async def test_the_ledger_survives_a_restart(tmp_path: Path) -> None:
     db = tmp_path / "l.sqlite3"
-    async with TestClient(TestServer(create_app(db))) as client:
+    async with TestClient(TestServer(await payment_app(db))) as client:
         first = await client.post("/v1/charges", json=BODY, headers={"Idempotency-Key": "k"})
         first_bytes = await first.read()
-    async with TestClient(TestServer(create_app(db))) as client:
+    async with TestClient(TestServer(await payment_app(db))) as client:
         again = await client.post("/v1/charges", json=BODY, headers={"Idempotency-Key": "k"})
         assert (again.headers["Idempotent-Replayed"], await again.read()) == ("true", first_bytes)
-    assert len(ledger_rows(db)) == 1
+    assert len(await ledger_rows(db)) == 1
 
 
 def test_ledger_is_wal_with_full_sync(tmp_path: Path) -> None:
@@ -469,7 +484,7 @@ def _scripts(draw: st.DrawFn) -> list[tuple[str, str, dict[str, Any], bool]]:
 async def _run_script(db: Path, script: list[tuple[str, str, dict[str, Any], bool]]) -> None:
     # Per key: ("fenced",) or (canonical request, http status, exact answer bytes).
     model: dict[str, tuple[object, ...]] = {}
-    async with TestClient(TestServer(create_app(db))) as client:
+    async with TestClient(TestServer(await payment_app(db))) as client:
         provider = Provider(client, db)
         for op, key, body, reverse in script:
             seen = model.get(key)
@@ -500,7 +515,7 @@ async def _run_script(db: Path, script: list[tuple[str, str, dict[str, Any], boo
                 assert resp.headers["Idempotent-Replayed"] == "true"
             else:
                 assert resp.status == 422
-    rows = ledger_rows(db)
+    rows = await ledger_rows(db)
     assert len({r["key"] for r in rows}) == len(rows)  # never two rows for one key
     assert {r["key"] for r in rows} == set(model)
     charge_ids = [r["charge_id"] for r in rows if r["charge_id"] is not None]
@@ -566,7 +581,7 @@ async def test_cli_process_charges_once_and_exits_0_on_sigterm(tmp_path: Path) -
     finally:
         rc, logs = await _stop(proc)
     assert rc == 0
-    assert [(r["key"], r["charge_id"]) for r in ledger_rows(db)] == [("cli-1", charge_id)]
+    assert [(r["key"], r["charge_id"]) for r in await ledger_rows(db)] == [("cli-1", charge_id)]
     events = [entry["event"] for entry in logs]
     assert "charge.committed" in events and events[-1] == "payments.stopping"
     assert all("acct-42" not in json.dumps(entry) for entry in logs)  # accounts stay out of logs

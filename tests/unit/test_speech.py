@@ -77,6 +77,18 @@ def test_a_spoken_amount_at_16_khz_is_understood() -> None:
     assert heard.accepted and intent("amount", heard.text).value == "59"
 
 
+@pytest.mark.parametrize("rate", [16000, 8000])
+def test_an_utterance_is_dated_where_it_was_said_in_the_stream(rate: int) -> None:
+    # The speaking demo lines utterances up with the session's caller turns by these dates.
+    recognizer = Recognizer(GRAMMARS, rate)
+    silence = np.zeros(rate * 2, dtype=np.int16)
+    speech = SYNTH.say("goodbye", rate)
+    (heard,) = _recognise(recognizer, np.concatenate((silence, speech, silence)), rate)
+    said_from, said_to = 2000, 2000 + len(speech) * 1000 // rate
+    assert abs(heard.ended_ms - said_to) <= 200, (heard.ended_ms, said_to)
+    assert abs(heard.ended_ms - heard.speech_ms - said_from) <= 200, (heard, said_from)
+
+
 def test_out_of_grammar_speech_is_rejected_not_guessed() -> None:
     recognizer = Recognizer(GRAMMARS, 16000)
     (heard,) = _recognise(recognizer, _spoken("what is the weather like today", 16000), 16000)
@@ -144,6 +156,21 @@ def test_a_decoder_is_built_ahead_and_reused_clean_by_the_next_call() -> None:
     assert worker.decoders_built == 1
     ((name, heard),) = got
     assert (name, heard.grammar, heard.text) == ("second", "menu", "make a payment")
+
+
+def test_a_reused_decoder_hears_the_next_call_as_a_new_one_would() -> None:
+    # The decoder's cepstral mean adapts to a caller; the next call on it must not start from
+    # the last caller's voice and line (it flipped "goodbye" to "i would like" in the G.722 test).
+    voice = Voice("en+f3", 185)
+    call = np.concatenate([_spoken(line, 16000, voice) for line in ("make a payment", "goodbye")])
+    reused = Recognizer(GRAMMARS, 16000)
+    earlier = np.concatenate([_spoken(line, 8000) for line in ("operator", "repeat that") * 3])
+    assert _recognise(reused, earlier, 8000)  # it heard that caller: its mean moved
+    reused.restart(16000)
+    again = _recognise(reused, call, 16000)
+    fresh = _recognise(Recognizer(GRAMMARS, 16000), call, 16000)
+    assert [(h.text, h.confidence) for h in again] == [(h.text, h.confidence) for h in fresh]
+    assert [h.text for h in fresh] == ["make a payment", "goodbye"]
 
 
 def test_a_full_queue_drops_frames_and_counts_them_instead_of_waiting() -> None:

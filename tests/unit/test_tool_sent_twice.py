@@ -11,8 +11,8 @@ import aiohttp
 from aiohttp.test_utils import TestServer
 
 from config.tools import ToolSettings
-from providers.payments.app import create_app
 from session.vocabulary import Outcome
+from tests.payment_app import payment_app
 from voicegate.observe.metrics import Metrics
 from voicegate.tools.client import ToolClient
 
@@ -27,7 +27,7 @@ def repeated(metrics: Metrics) -> float:
 
 
 async def test_a_key_sent_a_second_time_is_counted_and_charged_once(tmp_path: Path) -> None:
-    server = TestServer(create_app(tmp_path / "ledger.sqlite3"))
+    server = TestServer(await payment_app(tmp_path / "ledger.sqlite3"))
     await server.start_server()
     metrics = Metrics()
     try:

@@ -543,6 +543,10 @@ class LiveCall:
             return
         channel.collect()
         await self._turns.drain_inbound(channel)
+        if self._turns.barge_in_near:
+            # Asked after this drain, not at the tick: the frame that decides the barge-in is
+            # then at most one short tick away.
+            self._services.quicken_media_tick()
         playout = channel.playout
         metrics = self._services.metrics
         if playout.stale_dropped_frames != self._stale_seen:

@@ -49,6 +49,11 @@ class CallServices(ToolServices, Protocol):
 
     def record_effects(self, effects: list[fx.Effect]) -> None: ...
 
+    def quicken_media_tick(self) -> None:
+        """A caller may be starting to talk over a response: take the next frames at
+        ``audio.barge_in_tick_ms`` instead of ``audio.tick_ms``."""
+        ...
+
     def free_slots(self) -> int:
         """Call slots of this worker nobody holds (live calls and their bridge legs count)."""
         ...

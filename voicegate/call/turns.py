@@ -69,6 +69,18 @@ class CallerTurns:
         # True while the agent handles a key press: a tool request made then is approved by it.
         self.in_dtmf = False
 
+    @property
+    def barge_in_near(self) -> bool:
+        """Caller speech may be starting over a response it could cut: the next frames decide a
+        barge-in, so the runtime takes them at ``audio.barge_in_tick_ms``."""
+        pipeline, channel = self._inbound, self._state.channel
+        return (
+            pipeline is not None
+            and channel is not None
+            and pipeline.vad.stirring
+            and self._barge.armed(channel.playout.playing)
+        )
+
     async def drain_inbound(self, channel: MediaChannel) -> None:
         """Caller audio: VAD and barge-in at the call's rate, then the agent's frames."""
         inbound = channel.inbound

@@ -258,6 +258,13 @@ class Metrics:
             buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0),
             registry=r,
         )
+        self.media_ticks = Counter(
+            "voicegate_media_ticks_total",
+            "Media ticks by pace: steady (audio.tick_ms) or barge_in (audio.barge_in_tick_ms, "
+            "while a caller may be starting to talk over a response)",
+            ["pace"],
+            registry=r,
+        )
         self.frame_pipeline = Histogram(
             "voicegate_frame_pipeline_seconds",
             "CPU time of the inbound pipeline (VAD, resampling) per 20 ms caller frame",
@@ -429,6 +436,8 @@ class Metrics:
                 self.barge_ins.labels(reason, judged)
         for decision in SpeechDecision:
             self.caller_said.labels(decision)
+        for pace in ("steady", "barge_in"):
+            self.media_ticks.labels(pace)
         for call in AGENT_CALLS:
             self.agent_failures.labels(call)
         for ending in RESPONSE_ENDINGS:
