@@ -20,6 +20,7 @@ from voicegate.control.http_api import make_app
 from voicegate.control.http_rules import app_runner as app_runner_for
 from voicegate.control.pool_api import make_pool_app
 from voicegate.observe.logs import setup_logging
+from voicegate.observe.stacks import dump_tasks_on_signal, dump_threads_on_signal
 from voicegate.pool.front_door import front_door_for
 from voicegate.pool.kamailio_config import render_config, render_dispatcher_list
 from voicegate.pool.supervisor import Supervisor, SupervisorStartError
@@ -105,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         else None
     )
     setup_logging(settings.log.level, settings.log.format, process)
+    dump_threads_on_signal()
     try:
         if args.command == "serve" and pooled:
             return asyncio.run(supervise(settings, args.config))
@@ -174,6 +176,7 @@ def _log_started(settings: Settings, **extra: object) -> None:
 
 async def serve(settings: Settings) -> int:
     stop, hurry = stop_signals()
+    dump_tasks_on_signal(asyncio.get_running_loop())
     runtime = Runtime(settings)
     app_runner = app_runner_for(make_app(runtime))
     await app_runner.setup()
@@ -193,6 +196,7 @@ async def serve(settings: Settings) -> int:
 async def supervise(settings: Settings, config_path: str | None) -> int:
     """``serve`` with ``pool.workers > 1``: run the pool until SIGTERM, then drain it."""
     stop, hurry = stop_signals()
+    dump_tasks_on_signal(asyncio.get_running_loop())
     supervisor = Supervisor(settings, config_path)
     runner = app_runner_for(make_pool_app(supervisor))
     await runner.setup()

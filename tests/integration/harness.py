@@ -354,9 +354,19 @@ class Server:
         try:
             return self.process.wait(timeout=30)
         except subprocess.TimeoutExpired:
+            before = self.log()
+            # What it is stuck on, before it is killed (voicegate/observe/stacks.py): its asyncio
+            # tasks, if the loop still runs, and every thread's stack in any case.
+            self.process.send_signal(signal.SIGUSR2)
+            time.sleep(0.5)
+            self.process.send_signal(signal.SIGUSR1)
+            time.sleep(0.5)
             self.process.kill()
             self.process.wait(timeout=10)
-            raise AssertionError(f"server did not exit on SIGTERM:\n{self.log()[-3000:]}") from None
+            raise AssertionError(
+                f"server did not exit on SIGTERM:\n{before[-3000:]}\n"
+                f"--- what it was doing (SIGUSR2, SIGUSR1):\n{self.log()[len(before) :]}"
+            ) from None
 
 
 # What the ``server_factory`` fixture gives a test: start a server with env overrides.

@@ -96,6 +96,30 @@ def test_sigint_with_no_calls_exits_0(server: Server) -> None:
     assert server.wait_exit(30) == 0
 
 
+def test_usr2_logs_the_tasks_and_usr1_the_threads_of_a_serving_process(server: Server) -> None:
+    """What an operator sends a stuck process to see what it waits on; it keeps serving."""
+    server.signal(signal.SIGUSR2)
+    (dump,) = wait_for(
+        lambda: [e for e in server.log_events() if e.get("event") == "debug.tasks"] or None,
+        10,
+        "the task dump",
+    )
+    waits = {task["task"]: task["at"] for task in dump["tasks"]}
+    # The main task waits in serve() for the stop signal: its chain goes down to the Event's wait.
+    assert any(
+        at[0].endswith(" serve") and any(a.endswith(" wait") for a in at[1:])
+        for at in waits.values()
+    ), waits
+    before = len(server.log())
+    server.signal(signal.SIGUSR1)
+    # faulthandler writes thread after thread; the main one, in serve(), is among them.
+    wait_for(lambda: "voicegate/cli.py" in server.log()[before:], 10, "the main thread's stack")
+    assert "most recent call first" in server.log()[before:]
+    assert server.http("/healthz")[0] == 200
+    server.signal(signal.SIGTERM)
+    assert server.wait_exit(30) == 0
+
+
 def test_a_call_whose_process_was_killed_is_finalised_at_restart(
     server: Server, tmp_path: Path
 ) -> None:

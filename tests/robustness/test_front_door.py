@@ -66,6 +66,21 @@ def replay_through(
     return outcomes
 
 
+def _restarts(pool: Server, corpus: str) -> str:
+    """Which worker restarted, why, and its last words: its log lines and anything not JSON (a
+    dying process's stack dump, an assertion's message)."""
+    events = pool.log_events()
+    restarting = [e for e in events if e.get("event") == "worker.restarting"]
+    names = {e["worker"] for e in restarting}
+    last_words = [
+        line
+        for line in pool.log().splitlines()
+        if not line.startswith("{") or any(f'"proc":"{name}"' in line for name in names)
+    ]
+    head = [f"after {corpus}: {workers(pool)}", *map(str, restarting), "last words:"]
+    return "\n".join([*head, *last_words[-60:]])
+
+
 CORPORA: dict[str, Callable[[Transport], list[tuple[str, bytes]]]] = {
     "rfc4475": lambda _t: _rfc4475(),
     "rfc5118": lambda _t: _rfc5118(),
@@ -96,7 +111,7 @@ def test_every_corpus_through_the_front_door(
             answered += outcome.answered
             if corpus != "fuzz-sip" and _may_become_a_call(corpus, name):
                 callable_outcomes[f"{corpus}/{name}"] = outcome.finals
-        assert all(w["restarts"] == 0 for w in workers(pool)), (corpus, workers(pool))
+        assert all(w["restarts"] == 0 for w in workers(pool)), _restarts(pool, corpus)
         assert options("127.0.0.1", pool.sip_port, transport, sentinel=False) == 200, corpus
         call = Sipp("uac-server-hangup.xml", pool.sip_target, tmp_path / corpus)
         assert call.run() == 0, f"after {corpus} over {transport}: {call.errors()}"
