@@ -149,6 +149,50 @@ def test_a_worker_killed_during_calls_is_restarted_and_its_sessions_end(
     assert ended == {"completed": 10, "failed": 2}
 
 
+def _pids_running(pids: list[int]) -> list[int]:
+    """Those of ``pids`` still running (a zombie has exited: it only waits to be reaped)."""
+    running = []
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if state != "Z":
+            running.append(pid)
+    return running
+
+
+def _kamailio_pids(pool: Server) -> list[int]:
+    config = str(pool.data_dir / "run" / "kamailio.cfg")
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            if config.encode() in argv:
+                found.append(int(entry.name))
+    return found
+
+
+def test_a_supervisor_killed_outright_takes_its_workers_and_front_door_with_it(
+    pool: Server,
+) -> None:
+    """SIGKILL runs no clean-up: the kernel's parent-death signal must stop the children, or they
+    hold the SIP ports against the supervisor's restart."""
+    children = [w["pid"] for w in workers(pool)] + _kamailio_pids(pool)
+    assert len(children) > WORKERS, children  # Kamailio's main process and its own children
+    assert pool.process is not None
+    pool.process.kill()
+    pool.process.wait(timeout=10)
+    try:
+        wait_for(lambda: _pids_running(children) == [] or None, 30, "every pool child to exit")
+    finally:
+        for pid in _pids_running(children):  # orphans of a failure must not hold ports
+            os.kill(pid, signal.SIGKILL)
+
+
 def test_a_worker_that_stops_answering_is_replaced(pool: Server) -> None:
     frozen = workers(pool)[1]
     # SIGSTOP: the process lives but answers nothing, as a worker wedged in a loop would.
