@@ -190,7 +190,18 @@ def _shown(dotted: str, value: object) -> str:
     """How a value appears in a message: a secret's never does (STYLE.md habit 10)."""
     if dotted.rsplit(".", 1)[-1] in _SECRET_KEYS and value:
         return "<redacted>"
+    if isinstance(value, str) and "://" in value and "@" in value:
+        return repr(_without_password(value))
     return repr(value)
+
+
+def _without_password(url: str) -> str:
+    # A URL's password (storage.url) is a secret: "scheme://user:***@host".
+    scheme, sep, rest = url.partition("://")
+    userinfo, at, host = rest.rpartition("@")
+    if not at or ":" not in userinfo.split("/")[0]:
+        return url
+    return f"{scheme}{sep}{userinfo.split(':', 1)[0]}:***@{host}"
 
 
 # api_keys and metrics_keys hold digests, not keys; redacted all the same, as what is mistyped

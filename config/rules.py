@@ -12,6 +12,7 @@ from __future__ import annotations
 import ipaddress
 import math
 import re
+import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -359,6 +360,36 @@ def websocket_url(*, empty_ok: bool = False) -> Rule:
         if empty_ok and not value:
             return value
         if not re.fullmatch(r"wss?://[^\s/?#@]+(:\d{1,5})?(/[^\s#]*)?", value):
+            raise _refuse(allowed)
+        return value
+
+    return Rule(allowed, check)
+
+
+def postgres_url(*, empty_ok: bool = False) -> Rule:
+    """A libpq connection URI, ``postgresql://[user@]host[:port]/dbname[?param=value...]``.
+
+    A password in it is accepted (libpq reads it) but never shown: messages and logs redact it
+    (config/loader.py), and docs/storage.md says to use PGPASSWORD or a passfile instead."""
+    allowed = "a postgresql://[user@]host[:port]/dbname URL"
+    if empty_ok:
+        allowed = "empty, or " + allowed
+
+    def check(value: str) -> str:
+        if empty_ok and not value:
+            return value
+        try:
+            parts = urllib.parse.urlsplit(value)
+            port = parts.port  # raises ValueError when out of range or not a number
+        except ValueError:
+            raise _refuse(allowed) from None
+        if (
+            parts.scheme not in ("postgresql", "postgres")
+            or not (parts.hostname or "host=" in parts.query)
+            or not parts.path.strip("/")
+            or any(c.isspace() for c in value)
+            or (port is not None and not 1 <= port <= 65535)
+        ):
             raise _refuse(allowed)
         return value
 

@@ -33,6 +33,7 @@ from config.rules import (
     key,
     name_token,
     one_of,
+    postgres_url,
     prompt_name,
     secret_text,
     sha256_hashes,
@@ -441,7 +442,28 @@ class PoolSettings:
 class StorageSettings:
     data_dir: Path = field(
         default=Path("voicegate-data"),
-        metadata=key(directory(), "Directory of the session store; made absolute at load time"),
+        metadata=key(
+            directory(),
+            "Directory of the embedded session store (and the callback key); made absolute at "
+            "load time",
+        ),
+    )
+    url: str = field(
+        default="",
+        metadata=key(
+            postgres_url(empty_ok=True),
+            "Empty: the embedded SQLite store in data_dir. postgresql://user@host:port/db: the "
+            "shared PostgreSQL store (docs/storage.md); give the password by PGPASSWORD or a "
+            "passfile, never here",
+        ),
+    )
+    unavailable_deadline_s: float = field(
+        default=30.0,
+        metadata=key(
+            float_range(1, 3600),
+            "How long a live call goes on while the store cannot persist its steps; then it "
+            "is told and ended (docs/storage.md, 'When the database is down')",
+        ),
     )
 
 

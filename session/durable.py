@@ -40,7 +40,11 @@ class ReadOnlySession(Exception):
 
 
 class DurableSession:
-    def __init__(self, store: SessionStore, state: SessionState, lease: Lease | None) -> None:
+    def __init__(
+        self, store: SessionStore | None, state: SessionState, lease: Lease | None
+    ) -> None:
+        # None: a live call's session, which writes only through a writer (apply_through), so
+        # that no store call runs on its event loop.
         self.store = store
         self.state = state
         self.lease = lease  # None: read-only
@@ -101,6 +105,8 @@ class DurableSession:
         (LeaseLost: taken over in between) raises too, with the event logged and the state
         advanced; the caller must stop acting for the session either way.
         """
+        if self.store is None:
+            raise ReadOnlySession(self.session_id)
         after, effects, step_write = self._fold(event, now)
         if step_write is not None:
             step_write.append(self.store)

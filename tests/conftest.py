@@ -27,13 +27,16 @@ import gc
 import inspect
 import logging
 import os
+import re
 import resource
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from tests.pg_cluster import PgCluster, PgClusterError
 from tests.secret_audit import (
     AUDIT,
     PRODUCT_LOGGERS,
@@ -143,6 +146,52 @@ def loop_never_blocked(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         f"the event loop was blocked for more than {BLOCKED_S * 1000:g} ms: "
         + "; ".join(watch.seen)
     )
+
+
+# --- PostgreSQL: throw-away clusters (tests/pg_cluster.py) ----------------------------------------
+
+
+@pytest.fixture(scope="session")
+def pg_cluster() -> Iterator[PgCluster]:
+    """One real PostgreSQL server per test process (each xdist worker has its own), removed when
+    the session ends. A test that needs it and cannot have it fails with the reason: skipping
+    would pass a run that never tested the shared store."""
+    cluster = PgCluster()
+    failure = None
+    try:
+        cluster.start()
+    except PgClusterError as error:
+        failure = str(error)  # failed outside the handler: the reason alone, not two tracebacks
+    if failure is not None:
+        cluster.remove()
+        pytest.fail(f"the throw-away PostgreSQL cluster did not start: {failure}", pytrace=False)
+    try:
+        yield cluster
+    finally:
+        cluster.remove()
+
+
+@pytest.fixture
+def pg_url(pg_cluster: PgCluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    """The URL of a new, empty database of :func:`pg_cluster`, this test's alone, dropped after
+    it (its sessions terminated first). Named after the test, to read the server's log by."""
+    test = re.sub(r"[^a-z0-9]+", "_", request.node.name.lower())[:40]
+    name = f"t_{test}_{uuid.uuid4().hex[:8]}"
+    failure = None
+    try:
+        pg_cluster.create_database(name)
+    except PgClusterError as error:
+        failure = str(error)
+    if failure is not None:
+        pytest.fail(f"no database for the test in the PostgreSQL cluster: {failure}", pytrace=False)
+    try:
+        yield pg_cluster.url(name)
+    finally:
+        if not pg_cluster.running:
+            # The test stopped or killed the shared server (an outage test that failed half-way):
+            # bring it back for the tests after it.
+            pg_cluster.restart()
+        pg_cluster.drop_database(name)
 
 
 # --- the secret audit (tests/secret_audit.py) -----------------------------------------------------

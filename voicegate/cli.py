@@ -1,4 +1,4 @@
-"""``voicegate serve``, ``voicegate worker`` and ``voicegate check-config``."""
+"""``voicegate serve``, ``worker``, ``migrate``, ``front-door-config`` and ``check-config``."""
 
 from __future__ import annotations
 
@@ -15,6 +15,9 @@ from agents.loading import AgentLoadError
 from config import ConfigError, Settings, load_settings
 from config.rules import Invalid, name_token
 from config.workers import worker_settings, worker_slots
+from session.store import StoreError
+from session.store.location import StoreLocation
+from session.store.migrations import SchemaMismatch
 from telephony.endpoint import TelephonyStartError
 from voicegate.control.http_api import make_app
 from voicegate.control.http_rules import app_runner as app_runner_for
@@ -61,6 +64,10 @@ def _parser() -> argparse.ArgumentParser:
         "--list-file",
         help="where Kamailio will read dispatcher.list (default: the written one, absolute)",
     )
+    migrate = sub.add_parser(
+        "migrate", help="create the session store or step its schema up to this release's"
+    )
+    migrate.add_argument("--config", metavar="FILE", help="TOML settings file")
     check = sub.add_parser("check-config", help="validate settings without starting")
     check.add_argument("file", nargs="?", metavar="FILE", help="TOML settings file")
     return parser
@@ -86,6 +93,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "check-config":
         print(f"voicegate: config OK ({path or 'embedded defaults'})")
         return 0
+    location = StoreLocation.of(settings.storage)
+    if args.command == "migrate":
+        return migrate(location)
+    if args.command in ("serve", "worker") and (refused := check_store(location)) is not None:
+        return refused
     if args.command == "front-door-config":
         out = Path(args.out).resolve()
         list_file = Path(args.list_file) if args.list_file else out / "dispatcher.list"
@@ -123,6 +135,40 @@ def main(argv: list[str] | None = None) -> int:
         log.error("startup.failed", extra={"error": str(exc)})
         print(f"voicegate: cannot start: {exc}", file=sys.stderr)
         return EXIT_START
+
+
+def migrate(location: StoreLocation) -> int:
+    """``voicegate migrate``: apply every migration this release has, in one transaction."""
+    try:
+        found, now = location.migrate()
+    except SchemaMismatch as exc:
+        print(f"voicegate: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except StoreError as exc:
+        print(f"voicegate: cannot migrate: {exc}", file=sys.stderr)
+        return EXIT_START
+    where = location.describe()
+    if found == 0:
+        print(f"voicegate: created the session store {where} at schema version {now}")
+    elif found == now:
+        print(f"voicegate: session store {where} is at schema version {now}: nothing to do")
+    else:
+        print(f"voicegate: migrated the session store {where} from version {found} to {now}")
+    return 0
+
+
+def check_store(location: StoreLocation) -> int | None:
+    """Before serving: the store answers and its schema is this release's (an empty one is
+    created). None if so; else the exit status, with one line on stderr saying why."""
+    try:
+        location.open().close()
+    except SchemaMismatch as exc:
+        print(f"voicegate: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except StoreError as exc:
+        print(f"voicegate: cannot start: {exc}", file=sys.stderr)
+        return EXIT_START
+    return None
 
 
 def _is_name(text: str) -> bool:
@@ -169,6 +215,7 @@ def _log_started(settings: Settings, **extra: object) -> None:
             "sip": f"{settings.sip.address}:{settings.sip.port}",
             "http": f"{settings.http.address}:{settings.http.port}",
             "data_dir": str(settings.storage.data_dir),
+            "store": StoreLocation.of(settings.storage).describe(),
             **extra,
         },
     )

@@ -12,8 +12,9 @@ import contextlib
 import dataclasses
 import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TypeVar
 
 import aiohttp
 import numpy as np
@@ -37,8 +38,10 @@ from session import effects as fx
 from session.reaper import expire_away, expire_dropped, reap_predecessors, reap_stale
 from session.resume import ResumeRecord
 from session.state import Policy
-from session.store import SessionStore
-from session.store.sqlite import SqliteSessionStore
+from session.store import SessionStore, SessionSummary
+from session.store.location import StoreLocation
+from session.store.postgres import Availability
+from session.store.reader import StoreReader
 from session.store.writer import StoreWriter
 from session.vocabulary import RECEIPT_OUTCOMES, OwnerId, Terminal
 from telephony import events as ev
@@ -61,10 +64,11 @@ from voicegate.tools.startup_reconcile import settle_predecessors
 
 log = logging.getLogger("voicegate.runtime")
 
+T = TypeVar("T")
+
 # After the grace period, calls still up get a BYE without waiting for their prompt; this is how
 # long the runtime then waits for PJSIP to confirm them gone.
 _FORCED_END_WAIT_S = 3.0
-STORE_FILE = "voicegate.sqlite3"
 # A tick this late is logged: a blocked loop delays barge-in and playout for every call here.
 LOOP_BLOCKED_S = 0.25
 
@@ -175,10 +179,15 @@ class Runtime:
         self._wall = self._clock.wall
         data_dir = Path(settings.storage.data_dir)
         data_dir.mkdir(parents=True, exist_ok=True)
-        store_path = data_dir / STORE_FILE
-        self.store: SessionStore = SqliteSessionStore(store_path)
-        # Every write of the live calls leaves the event loop (session/store/writer.py).
-        self.writer = StoreWriter(lambda: SqliteSessionStore(store_path))
+        self.location = location = StoreLocation.of(settings.storage)
+        # Shared by this process's store objects: whether the database answers, since when.
+        self.availability = availability = Availability()
+        # Every write leaves the event loop, in order (session/store/writer.py); the writer's
+        # store waits out a database that is away, so nothing queued is lost. Opening it checks
+        # the schema (SchemaTooOld / SchemaTooNew: voicegate migrate).
+        self.writer = StoreWriter(lambda: location.open(retry=True, availability=availability))
+        # And so does every read (session/store/reader.py): a reader fails fast instead.
+        self.reader = StoreReader(lambda: location.open(availability=availability))
         # "<worker>/<incarnation>": a restarted worker knows its predecessor's sessions are dead.
         self.owner = OwnerId(settings.session.worker_name, uuid.uuid4().hex[:12]).format()
         prompts_dir = settings.agent.prompts_dir or default_prompts_dir()
@@ -309,6 +318,18 @@ class Runtime:
                 case _:
                     pass
 
+    async def read(self, job: Callable[[SessionStore], T]) -> T:
+        """``job(store)`` on a reader thread: no store call runs on the event loop."""
+        return await asyncio.wrap_future(self.reader.submit(job))
+
+    async def write(self, job: Callable[[SessionStore], T]) -> T:
+        """``job(store)`` on the writer thread, after every write submitted before it."""
+        return await asyncio.wrap_future(self.writer.submit(job))
+
+    def store_down_for(self) -> float | None:
+        """Seconds since the session store stopped answering; None while it answers."""
+        return self.availability.down_for()
+
     async def record_resume(self, record: ResumeRecord) -> None:
         await asyncio.wrap_future(self.writer.submit(lambda store: store.record_handle(record)))
         self.metrics.resume_issued.labels("api").inc()
@@ -376,7 +397,7 @@ class Runtime:
         self._http = self._http_session()
         self.tool_client = ToolClient(self._http, self.metrics)
         settled = await settle_predecessors(
-            self.store,
+            self.write,
             self.tool_client,
             self.tools,
             worker=self.settings.session.worker_name,
@@ -389,8 +410,9 @@ class Runtime:
         )
         if settled:
             log.warning("reconcile.startup", extra={"settled": settled})
-        predecessors = reap_predecessors(
-            self.store, worker=self.settings.session.worker_name, me=self.owner, now=self._wall()
+        worker, me, at = self.settings.session.worker_name, self.owner, self._wall()
+        predecessors = await self.write(
+            lambda store: reap_predecessors(store, worker=worker, me=me, now=at)
         )
         if predecessors:
             self.metrics.sessions_reaped.labels("predecessor").inc(len(predecessors))
@@ -614,8 +636,8 @@ class Runtime:
                 if self.callbacks is not None:
                     self.callbacks.ended(call.call_id)
 
-    def is_live(self, session_id: str) -> bool:
-        return session_id in self.calls
+    def is_live(self, summary: SessionSummary) -> bool:
+        return summary.session_id in self.calls
 
     def hang_up(self, call_id: str, reason: str) -> bool:
         """End a live call now (BYE, or a refusal if it is not answered yet); False if unknown."""
@@ -705,8 +727,14 @@ class Runtime:
             await self.sip.stop()
         if self._http is not None:
             await self._http.close()
+        if self.availability.down_for() is not None:
+            # The database is away: what is still queued cannot be written. Stop waiting for it;
+            # nothing acted on it (persist, then act), and whoever takes the sessions over
+            # settles them from what is durable.
+            log.error("shutdown.store_unavailable", extra={"store": self.location.describe()})
+            self.availability.stopping.set()
         await asyncio.to_thread(self.writer.close)
-        self.store.close()
+        await asyncio.to_thread(self.reader.close)
         log.info("shutdown.done")
 
     async def _wait_calls_done(self, within_s: float) -> None:

@@ -209,6 +209,12 @@ class UnknownIntent(StoreError):
         self.key = key
 
 
+class StoreUnavailable(StoreError):
+    """The database cannot be reached (refused, lost, timed out). For a write, nothing was
+    written, or the store could not learn whether it was and gave up: a writer that retries
+    (session/store/writer.py) re-runs the write, which every store makes safe to repeat."""
+
+
 class SessionStore(Protocol):
     """Durable sessions, event logs, checkpoints, tool intents and receipts.
 

@@ -15,6 +15,7 @@ import builtins
 import dataclasses
 import json
 import sqlite3
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,7 +25,6 @@ from session.store import (
     DEFAULT_TENANT,
     INTENT_KINDS,
     RECEIPT_OUTCOMES,
-    TERMINAL_STATES,
     Checkpoint,
     EventRecord,
     IdempotencyConflict,
@@ -43,78 +43,21 @@ from session.store import (
     decode_cursor,
     encode_cursor,
 )
-from session.store.sqlite_resume import SCHEMA as RESUME_SCHEMA
+from session.store.migrations import (
+    CREATED_WHY,
+    FIRST_VERSION,
+    SCHEMA_VERSION,
+    SQLITE_SCHEMA,
+    SchemaTooOld,
+    check,
+    steps_from,
+)
 from session.store.sqlite_resume import ResumeHandlesSql
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
 R = TypeVar("R", bound="DataclassInstance")
-
-SCHEMA_VERSION: Final = 3  # PRAGMA user_version; _MIGRATIONS step an older file up to it
-
-_SCHEMA: Final = (
-    f"""CREATE TABLE sessions (
-        session_id     TEXT PRIMARY KEY,
-        created_at     REAL NOT NULL,
-        updated_at     REAL NOT NULL,
-        last_seq       INTEGER NOT NULL DEFAULT 0,
-        owner          TEXT,
-        status         TEXT NOT NULL,
-        terminal_state TEXT CHECK (terminal_state IN {TERMINAL_STATES!r}),
-        meta           TEXT NOT NULL,
-        lease_epoch    INTEGER NOT NULL DEFAULT 1 CHECK (lease_epoch >= 1),
-        tenant         TEXT NOT NULL DEFAULT 'default')""",
-    "CREATE INDEX sessions_newest ON sessions (created_at DESC, session_id DESC)",
-    "CREATE INDEX sessions_tenant ON sessions (tenant, created_at DESC, session_id DESC)",
-    "CREATE INDEX sessions_open ON sessions (updated_at) WHERE terminal_state IS NULL",
-    """CREATE TABLE events (
-        session_id TEXT NOT NULL REFERENCES sessions,
-        seq        INTEGER NOT NULL CHECK (seq >= 1),
-        type       TEXT NOT NULL,
-        payload    TEXT NOT NULL,
-        effects    TEXT NOT NULL,
-        at         REAL NOT NULL,
-        PRIMARY KEY (session_id, seq)) WITHOUT ROWID""",
-    # One row per session: only the latest checkpoint is ever read, the log keeps the history.
-    """CREATE TABLE checkpoints (
-        session_id TEXT PRIMARY KEY REFERENCES sessions,
-        seq        INTEGER NOT NULL,
-        state      TEXT NOT NULL,
-        at         REAL NOT NULL)""",
-    f"""CREATE TABLE tool_intents (
-        idempotency_key TEXT PRIMARY KEY,
-        session_id      TEXT NOT NULL REFERENCES sessions,
-        turn_id         TEXT NOT NULL,
-        tool            TEXT NOT NULL,
-        kind            TEXT NOT NULL CHECK (kind IN {INTENT_KINDS!r}),
-        digest          TEXT NOT NULL,
-        arguments       TEXT NOT NULL,
-        created_at      REAL NOT NULL)""",
-    "CREATE INDEX tool_intents_session ON tool_intents (session_id, created_at)",
-    f"""CREATE TABLE tool_receipts (
-        idempotency_key TEXT PRIMARY KEY REFERENCES tool_intents,
-        outcome         TEXT NOT NULL CHECK (outcome IN {RECEIPT_OUTCOMES!r}),
-        detail          TEXT NOT NULL,
-        at              REAL NOT NULL)""",
-    *RESUME_SCHEMA,
-)
-
-# Version N -> N + 1. A new file gets _SCHEMA at once; its columns are in the order a migrated file
-# has them (ADD COLUMN appends), so both files are the same table.
-_MIGRATIONS: Final[Mapping[int, tuple[str, ...]]] = {
-    # 1 -> 2: the lease's fencing epoch. Sessions of a v1 file keep their owner at epoch 1.
-    1: (
-        "ALTER TABLE sessions ADD COLUMN"
-        " lease_epoch INTEGER NOT NULL DEFAULT 1 CHECK (lease_epoch >= 1)",
-    ),
-    # 2 -> 3: the tenant a session belongs to. Sessions from before tenants are the default's.
-    2: (
-        "ALTER TABLE sessions ADD COLUMN tenant TEXT NOT NULL DEFAULT 'default'",
-        "CREATE INDEX sessions_tenant ON sessions (tenant, created_at DESC, session_id DESC)",
-        *RESUME_SCHEMA,
-    ),
-}
 
 _JSON_FIELDS: Final = frozenset({"payload", "effects", "state", "meta", "arguments", "detail"})
 
@@ -157,7 +100,10 @@ def _record(cls: type[R], row: Sequence[Any]) -> R:
 class SqliteSessionStore(ResumeHandlesSql):
     """``SessionStore`` on one SQLite file. One connection, used from the thread that opened it."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, upgrade: bool = False, now: float | None = None) -> None:
+        """Open (creating an empty file at the current schema version). A file at an older
+        version raises SchemaTooOld unless ``upgrade`` (``voicegate migrate``), which steps it
+        up in place, recording each version at ``now``; a newer one raises SchemaTooNew."""
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         try:
@@ -171,27 +117,49 @@ class SqliteSessionStore(ResumeHandlesSql):
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open session store {path}: {exc}") from exc
         try:
-            self._migrate()
+            self.found_version = self._prepare(upgrade, time.time() if now is None else now)
         except BaseException:
             self._db.close()
             raise
 
-    def _migrate(self) -> None:
-        # One transaction: two processes opening a file at once create or migrate it once, and a
-        # migration that fails leaves the file at its old version.
+    def _version(self) -> int:
+        has_table = self._db.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_version'"
+        ).fetchone()
+        if has_table:
+            (version,) = self._db.execute("SELECT MAX(version) FROM schema_version").fetchone()
+            return int(version or 0)
+        (version,) = self._db.execute("PRAGMA user_version").fetchone()
+        return int(version)
+
+    def _prepare(self, upgrade: bool, now: float) -> int:
+        """Create or step up the schema; returns the version found. One transaction: two
+        processes opening a file at once create or migrate it once, and a migration that fails
+        leaves the file at its old version."""
         with self._write():
-            (version,) = self._db.execute("PRAGMA user_version").fetchone()
-            if version == SCHEMA_VERSION:
-                return
-            if version == 0:
-                statements: Sequence[str] = _SCHEMA
-            elif 0 < version < SCHEMA_VERSION:
-                statements = [s for v in range(version, SCHEMA_VERSION) for s in _MIGRATIONS[v]]
-            else:
-                raise StoreError(f"{self.path}: schema version {version} is not {SCHEMA_VERSION}")
-            for statement in statements:
-                self._db.execute(statement)
-            self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            found = self._version()
+            if found == 0:
+                for statement in SQLITE_SCHEMA:
+                    self._db.execute(statement)
+                self._record_version(SCHEMA_VERSION, CREATED_WHY, now)
+            elif upgrade and FIRST_VERSION["sqlite"] <= found < SCHEMA_VERSION:
+                for version, why, statements in steps_from("sqlite", found):
+                    for statement in statements:
+                        self._db.execute(statement)
+                    self._record_version(version, why, now)
+            elif found < FIRST_VERSION["sqlite"]:
+                raise SchemaTooOld(str(self.path), found)
+            check(str(self.path), self._version())
+        return found
+
+    def _record_version(self, version: int, why: str, now: float) -> None:
+        if version >= 4:  # the table exists from version 4
+            self._db.execute(
+                "INSERT INTO schema_version (version, applied_at, why) VALUES (?, ?, ?)",
+                (version, now, why),
+            )
+        # Kept in step for releases that read only the pragma: they refuse a newer file.
+        self._db.execute(f"PRAGMA user_version={version}")
 
     @contextmanager
     def _write(self) -> Iterator[None]:

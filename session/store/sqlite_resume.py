@@ -1,8 +1,9 @@
 """The resume-handle half of :class:`~session.store.sqlite.SqliteSessionStore` (the contract is
 ``SessionStore.record_handle`` / ``resume_handle`` / ``use_handle``).
 
-One row per handle ever issued, by selector; a session has at most one ``current`` row (a partial
-unique index holds that even against a racing writer). Rotation is a compare-and-set on the
+One row per handle ever issued, by selector (the table is in session/store/migrations.py); a
+session has at most one ``current`` row (a partial unique index holds that even against a racing
+writer). Rotation is a compare-and-set on the
 state inside one write transaction, so of two calls presenting one handle at once exactly one
 rotates it and the other learns it was used.
 """
@@ -12,24 +13,11 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
-from typing import Final, Protocol
+from typing import Protocol
 
 from session.resume import RecordState, ResumeRecord
 from session.store import SessionFinished, StoreError, UnknownSession
 
-_STATES = tuple(s.value for s in RecordState)
-SCHEMA: Final = (
-    f"""CREATE TABLE resume_handles (
-        selector        TEXT PRIMARY KEY,
-        verifier_digest TEXT NOT NULL,
-        session_id      TEXT NOT NULL REFERENCES sessions,
-        tenant          TEXT NOT NULL,
-        issued_at       REAL NOT NULL,
-        expires_at      REAL NOT NULL,
-        state           TEXT NOT NULL CHECK (state IN {_STATES!r}))""",
-    "CREATE UNIQUE INDEX resume_handles_current ON resume_handles (session_id)"
-    " WHERE state = 'current'",
-)
 _COLUMNS = "selector, verifier_digest, session_id, tenant, issued_at, expires_at, state"
 
 

@@ -1,9 +1,11 @@
 """Contract tests of ``SessionStore`` (ARCHITECTURE.md "The store").
 
 Everything above the "SQLite only" line is written against the protocol and runs once per
-backend in ``_BACKENDS``; a PostgreSQL store joins by adding a factory there. The stores are real
-(STYLE habit 9): SQLite files in ``tmp_path``, several store objects on one file standing in for
-several processes, and one test with real processes.
+backend in ``_BACKENDS``. The stores are real (STYLE habit 9): SQLite files in ``tmp_path``, and a
+fresh database per test on a throw-away PostgreSQL cluster the suite starts (tests/pg_cluster.py);
+several store objects on one database stand in for several processes or machines. PostgreSQL's
+own promises under concurrency (threads racing take-overs on several connections) are in
+tests/unit/test_postgres_store.py.
 """
 
 from __future__ import annotations
@@ -36,14 +38,21 @@ from session.store import (
     UnknownIntent,
     UnknownSession,
 )
-from session.store.sqlite import SCHEMA_VERSION, SqliteSessionStore
+from session.store.migrations import SCHEMA_VERSION, SchemaTooNew, SchemaTooOld
+from session.store.postgres import PostgresSessionStore
+from session.store.sqlite import SqliteSessionStore
 
 OWNER = "worker-a/5d0c7f0e"
 LEASE = Lease(OWNER, 1)  # what create hands OWNER
 # Each factory opens a new store object on the backend's one shared database.
-_BACKENDS: dict[str, Callable[[Path], Callable[[], SessionStore]]] = {
-    "sqlite": lambda tmp: lambda: SqliteSessionStore(tmp / "db" / "sessions.sqlite3"),
+_BACKENDS: dict[str, Callable[[pytest.FixtureRequest, Path], Callable[[], SessionStore]]] = {
+    "sqlite": lambda _, tmp: lambda: SqliteSessionStore(tmp / "db" / "sessions.sqlite3"),
+    "postgresql": lambda request, _: _postgres(request.getfixturevalue("pg_url")),
 }
+
+
+def _postgres(url: str) -> Callable[[], SessionStore]:
+    return lambda: PostgresSessionStore(url)
 
 StoreFactory = Callable[[], SessionStore]
 
@@ -51,7 +60,7 @@ StoreFactory = Callable[[], SessionStore]
 @pytest.fixture(params=sorted(_BACKENDS))
 def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreFactory]:
     """Opens store objects on one database (as separate processes would); closes them all."""
-    make = _BACKENDS[request.param](tmp_path)
+    make = _BACKENDS[request.param](request, tmp_path)
     opened: list[SessionStore] = []
 
     def factory() -> SessionStore:
@@ -762,6 +771,7 @@ def test_sqlite_is_opened_for_durability(tmp_path: Path) -> None:
             "tool_intents",
             "tool_receipts",
             "resume_handles",
+            "schema_version",
         }
         types = {
             row[2].upper()
@@ -776,10 +786,15 @@ def test_sqlite_refuses_a_newer_schema(tmp_path: Path) -> None:
     path = tmp_path / "sessions.sqlite3"
     SqliteSessionStore(path).close()
     with sqlite3.connect(path) as db:
-        db.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
+        db.execute(
+            "INSERT INTO schema_version VALUES (?, 1.0, 'a later release')", (SCHEMA_VERSION + 1,)
+        )
     db.close()
-    with pytest.raises(StoreError, match=f"schema version {SCHEMA_VERSION + 1}"):
+    newer = f"schema version {SCHEMA_VERSION + 1}, newer than the {SCHEMA_VERSION}"
+    with pytest.raises(SchemaTooNew, match=newer):
         SqliteSessionStore(path)
+    with pytest.raises(SchemaTooNew, match=newer):  # and migrate does not touch it either
+        SqliteSessionStore(path, upgrade=True)
 
 
 # The schema of version 1, as released: a file written by it must open, migrated, and keep its data.
@@ -849,19 +864,28 @@ def _write_v1_file(path: Path) -> None:
 
 
 def _columns(path: Path) -> list[tuple[Any, ...]]:
+    """Every table's columns and every index, as SQLite describes them."""
     with sqlite3.connect(path) as db:
-        columns = db.execute("PRAGMA table_info(sessions)").fetchall()
         (version,) = db.execute("PRAGMA user_version").fetchone()
+        (recorded,) = db.execute("SELECT MAX(version) FROM schema_version").fetchone()
+        names = [r[0] for r in db.execute("SELECT name FROM sqlite_master ORDER BY name")]
+        columns = [
+            (name, *column)
+            for name in names
+            for column in db.execute(f"PRAGMA table_info({name})").fetchall()
+        ]
     db.close()
-    assert version == SCHEMA_VERSION
-    return columns
+    assert version == recorded == SCHEMA_VERSION
+    return [(name,) for name in names] + columns
 
 
 def test_sqlite_migrates_a_version_1_file_in_place(tmp_path: Path) -> None:
     path = tmp_path / "v1.sqlite3"
     _write_v1_file(path)
+    with pytest.raises(SchemaTooOld, match="version 1, older than .*: run voicegate migrate"):
+        SqliteSessionStore(path)  # a server does not migrate: voicegate migrate does
 
-    store = SqliteSessionStore(path)
+    store = SqliteSessionStore(path, upgrade=True)
     opened = store.get("open")
     assert opened is not None
     assert (opened.owner, opened.lease_epoch, opened.last_seq, opened.status) == (

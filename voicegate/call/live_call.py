@@ -112,6 +112,7 @@ class LiveCall:
             find_outstanding=state.outstanding,
             durable=lambda: steps.last_write,
             wall=clock.wall,
+            in_task=steps.from_writer,
         )
         self._timers = SessionTimers(clock, post)
         self._responses = Responses(
@@ -389,7 +390,7 @@ class LiveCall:
                 lambda store: store.create(call_id, owner=owner, meta=meta, at=at, tenant=tenant)
             )
         )
-        self._state.session = DurableSession(services.store, SessionState(call_id), lease)
+        self._state.session = DurableSession(None, SessionState(call_id), lease)
         self._steps.apply(offered)
         services.metrics.calls_offered.inc()
         services.metrics.calls_active.inc()

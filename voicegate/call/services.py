@@ -11,7 +11,7 @@ from audio.barge_in import BargeInConfig
 from audio.vad import VadConfig
 from config.settings import TransferSettings
 from session import effects as fx
-from session.store import SessionStore
+from session.store.reader import StoreReader
 from session.store.writer import StoreWriter
 from telephony import events as ev
 from voicegate.call.callback_keys import CallbackKeys
@@ -22,7 +22,8 @@ from voicegate.tools.call_tools import ToolServices
 class CallServices(ToolServices, Protocol):
     """What a live call needs from the process around it."""
 
-    store: SessionStore
+    # Reads and writes leave the event loop: no store object is used on it.
+    reader: StoreReader
     writer: StoreWriter
     metrics: Metrics
     answer_after_s: float

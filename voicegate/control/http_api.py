@@ -7,7 +7,8 @@ store its workers share (:class:`SessionsView`).
 from __future__ import annotations
 
 import time
-from typing import Protocol
+from collections.abc import Callable
+from typing import Protocol, TypeVar
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -17,8 +18,13 @@ from config.settings import CONSULT_COMPLETIONS, TRANSFER_MODES
 from config.tenants import DEFAULT_TENANT
 from session.durable import DurableSession
 from session.resume import ResumeRecord, issue
-from session.state import TERMINAL_STATES
-from session.store import SessionFinished, SessionStore, SessionSummary
+from session.state import TERMINAL_STATES, SessionState
+from session.store import (
+    EventRecord,
+    SessionFinished,
+    SessionStore,
+    SessionSummary,
+)
 from voicegate.call.legs import PlaceRefused
 from voicegate.control.auth import ACCESS, Access, authenticate, foreign, scope
 from voicegate.control.handoff import handoff
@@ -26,18 +32,23 @@ from voicegate.control.http_rules import json_error, json_object, new_app
 from voicegate.control.status_page import status_page
 from voicegate.runtime import Runtime
 
+T = TypeVar("T")
+
 
 class SessionsView(Protocol):
-    """What the sessions API needs: the store, the reaper, and which sessions are live here."""
+    """What the sessions API needs: store reads, the reaper, and which sessions are live here."""
 
-    @property
-    def store(self) -> SessionStore: ...
+    async def read(self, job: Callable[[SessionStore], T]) -> T:
+        """``job(store)`` on a reader thread (session/store/reader.py), never on the loop."""
+        ...
 
     async def reap(self) -> list[str]:
         """Finalise sessions whose process is gone (a write: off the event loop)."""
         ...
 
-    def is_live(self, session_id: str) -> bool: ...
+    def is_live(self, summary: SessionSummary) -> bool:
+        """Whether a call is serving the session now (from what the store last said)."""
+        ...
 
     @property
     def resume_ttl_s(self) -> float: ...
@@ -59,11 +70,14 @@ async def healthz(request: web.Request) -> web.Response:
 async def readyz(request: web.Request) -> web.Response:
     runtime = request.app[RUNTIME]
     sip_up = runtime.sip_ready and runtime.sip is not None and runtime.sip.running
-    ready = sip_up and not runtime.draining
+    store_down_s = runtime.store_down_for()
+    ready = sip_up and not runtime.draining and store_down_s is None
     body = {
         "ready": ready,
         "sip_transports_up": sip_up,
         "draining": runtime.draining,
+        # Seconds the session store has not answered; null while it does (docs/storage.md).
+        "store_unavailable_s": None if store_down_s is None else round(store_down_s, 1),
         "owner": runtime.owner,
     }
     return web.json_response(body, status=200 if ready else 503)
@@ -91,7 +105,7 @@ async def get_call(request: web.Request) -> web.Response:
     runtime = request.app[RUNTIME]
     call_id = request.match_info["call_id"]
     live = runtime.calls.get(call_id)
-    summary = runtime.store.get(call_id)
+    summary = await runtime.read(lambda store: store.get(call_id))
     if live is None and summary is None:
         return json_error(404, "no such call", call_id=call_id)
     owner = live.tenant if live is not None else summary.tenant if summary else DEFAULT_TENANT
@@ -361,12 +375,15 @@ async def list_sessions(request: web.Request) -> web.Response:
         )
     await view.reap()  # seed 004: the reaper runs on read
     try:
-        summaries, cursor = view.store.list(
-            terminal_state=terminal_filter,
-            open_only=open_only,
-            limit=int(raw_limit),
-            cursor=query.get("cursor"),
-            tenant=scope(request),
+        tenant, cursor_in = scope(request), query.get("cursor")
+        summaries, cursor = await view.read(
+            lambda store: store.list(
+                terminal_state=terminal_filter,
+                open_only=open_only,
+                limit=int(raw_limit),
+                cursor=cursor_in,
+                tenant=tenant,
+            )
         )
     except ValueError:
         return json_error(
@@ -382,12 +399,12 @@ async def list_sessions(request: web.Request) -> web.Response:
     )
 
 
-def own_session(
-    request: web.Request, store: SessionStore, session_id: str
+async def own_session(
+    request: web.Request, view: SessionsView, session_id: str
 ) -> SessionSummary | web.Response:
     """The session asked about, if it exists and the request's key may see it; else the 404, or
     the 403 for another tenant's session."""
-    summary = store.get(session_id)
+    summary = await view.read(lambda store: store.get(session_id))
     if summary is None:
         return json_error(404, "no such session", session_id=session_id)
     if refusal := foreign(request, summary.tenant, session_id=session_id):
@@ -398,36 +415,20 @@ def own_session(
 async def get_session(request: web.Request) -> web.Response:
     view = request.app[SESSIONS]
     session_id = request.match_info["session_id"]
-    summary = own_session(request, view.store, session_id)
+    summary = await own_session(request, view, session_id)
     if isinstance(summary, web.Response):
         return summary
     if summary.terminal_state is None:
         await view.reap()  # seed 004: a dead process's session is finalised when it is read
-    session = DurableSession.load(view.store, session_id)
-    state = session.state
-    events = view.store.events(session_id)
-    intents = []
-    for outstanding in state.outstanding:
-        stored = view.store.intent(outstanding.key)
-        receipt = view.store.receipt(outstanding.key)
-        intents.append(
-            {
-                "key": outstanding.key,
-                "tool": outstanding.tool,
-                "kind": outstanding.kind,
-                "digest": outstanding.digest,
-                "turn_id": outstanding.turn_id,
-                "stage": outstanding.stage,
-                "created_at": stored.created_at if stored else None,
-                "receipt": receipt.outcome if receipt else None,
-            }
-        )
-    summary = view.store.get(session_id) or summary
+    state, events, intents, latest = await view.read(
+        lambda store: _session_detail(store, session_id)
+    )
+    summary = latest or summary
     return web.json_response(
         {
             **_summary_json(summary),
             "status": state.status(),
-            "live": view.is_live(session_id),
+            "live": view.is_live(summary),
             "dimensions": {
                 "signaling": state.signaling.value,
                 "media": state.media.value,
@@ -470,14 +471,40 @@ async def get_session(request: web.Request) -> web.Response:
     )
 
 
+def _session_detail(
+    store: SessionStore, session_id: str
+) -> tuple[SessionState, list[EventRecord], list[dict[str, object]], SessionSummary | None]:
+    """Everything GET /v1/sessions/{id} shows, read in one job off the loop."""
+    state = DurableSession.load(store, session_id).state
+    events = store.events(session_id)
+    intents: list[dict[str, object]] = []
+    for outstanding in state.outstanding:
+        stored = store.intent(outstanding.key)
+        receipt = store.receipt(outstanding.key)
+        intents.append(
+            {
+                "key": outstanding.key,
+                "tool": outstanding.tool,
+                "kind": outstanding.kind,
+                "digest": outstanding.digest,
+                "turn_id": outstanding.turn_id,
+                "stage": outstanding.stage,
+                "created_at": stored.created_at if stored else None,
+                "receipt": receipt.outcome if receipt else None,
+            }
+        )
+    return state, events, intents, store.get(session_id)
+
+
 async def get_handoff(request: web.Request) -> web.Response:
     """What a person taking the call over needs (voicegate/control/handoff.py)."""
     view = request.app[SESSIONS]
     session_id = request.match_info["session_id"]
-    summary = own_session(request, view.store, session_id)
+    summary = await own_session(request, view, session_id)
     if isinstance(summary, web.Response):
         return summary
-    body = handoff(view.store, session_id, live=view.is_live(session_id))
+    live = view.is_live(summary)
+    body = await view.read(lambda store: handoff(store, session_id, live=live))
     if body is None:
         return json_error(404, "no such session", session_id=session_id)
     return web.json_response(body)
@@ -488,7 +515,7 @@ async def new_resume_handle(request: web.Request) -> web.Response:
     supersedes the session's previous one and is shown here once; only its digest is kept."""
     view = request.app[SESSIONS]
     session_id = request.match_info["session_id"]
-    summary = own_session(request, view.store, session_id)
+    summary = await own_session(request, view, session_id)
     if isinstance(summary, web.Response):
         return summary
     handle = issue(session_id, summary.tenant, now=time.time(), ttl_s=view.resume_ttl_s)

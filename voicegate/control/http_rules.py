@@ -21,6 +21,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from session.store import StoreUnavailable
+
 log = logging.getLogger("voicegate.control")
 
 # The query parameters each route takes, by its path as registered; a route not listed takes none.
@@ -117,6 +119,11 @@ async def strict_json(request: web.Request, handler: Handler) -> web.StreamRespo
         if exc.status < 400:
             raise
         return _from_http_exception(request, exc)
+    except StoreUnavailable:
+        # The database is away (docs/storage.md): nothing was read or written; ask again later.
+        response = json_error(503, "the session store is unavailable", retry_after_s=5)
+        response.headers["Retry-After"] = "5"
+        return response
     except Exception:
         # A bug of ours: the client gets the same JSON shape; the traceback goes to the log.
         log.exception("http.handler_failed", extra={"path": request.path})

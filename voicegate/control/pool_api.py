@@ -117,10 +117,10 @@ async def list_calls(request: web.Request) -> web.Response:
     return web.json_response({"calls": calls, "unreachable_workers": unreachable})
 
 
-def _owning_worker(
+async def _owning_worker(
     request: web.Request, sup: Supervisor, call_id: str
 ) -> tuple[Worker | None, web.Response | None]:
-    summary = sup.store.get(call_id)
+    summary = await sup.read(lambda store: store.get(call_id))
     if summary is None:
         return None, json_error(404, "no such call", call_id=call_id)
     if refusal := foreign(request, summary.tenant, call_id=call_id):
@@ -140,7 +140,7 @@ def _owning_worker(
 async def get_call(request: web.Request) -> web.Response:
     sup = request.app[SUPERVISOR]
     call_id = request.match_info["call_id"]
-    summary = sup.store.get(call_id)
+    summary = await sup.read(lambda store: store.get(call_id))
     if summary is None:
         return json_error(404, "no such call", call_id=call_id)
     if refusal := foreign(request, summary.tenant, call_id=call_id):
@@ -228,7 +228,7 @@ async def _forward(request: web.Request, action: str, body: object = None) -> we
     """A per-call command, sent to the worker that owns the call's session."""
     sup = request.app[SUPERVISOR]
     call_id = request.match_info["call_id"]
-    worker, refusal = _owning_worker(request, sup, call_id)
+    worker, refusal = await _owning_worker(request, sup, call_id)
     if refusal is not None:
         return refusal
     assert worker is not None

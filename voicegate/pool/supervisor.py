@@ -25,8 +25,10 @@ import signal
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import aiohttp
 from prometheus_client import multiprocess
@@ -35,15 +37,17 @@ from config import Settings
 from config.workers import WorkerSlot, worker_slots
 from session.reaper import expire_away, reap_stale
 from session.resume import ResumeRecord
-from session.store import SessionStore
-from session.store.sqlite import SqliteSessionStore
+from session.store import SessionStore, SessionSummary
+from session.store.location import StoreLocation
+from session.store.postgres import Availability
+from session.store.reader import StoreReader
 from session.store.writer import StoreWriter
 from session.vocabulary import OwnerId
 from voicegate.observe.pool_metrics import PoolMetrics
 from voicegate.pool.front_door import FrontDoorError, Kamailio, front_door_for, unix_socket_path_ok
 from voicegate.pool.process_tree import die_with_parent
-from voicegate.runtime import STORE_FILE
 
+T = TypeVar("T")
 log = logging.getLogger("voicegate.pool.supervisor")
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -141,8 +145,9 @@ class Supervisor:
         ).format()
         self.stopping = False
         self.front: Kamailio | None = None
-        self._store_path = data_dir / STORE_FILE
-        self._store: SqliteSessionStore | None = None
+        self.location = StoreLocation.of(settings.storage)
+        self.availability = Availability()
+        self._reader: StoreReader | None = None
         self._writer: StoreWriter | None = None
         self._http: aiohttp.ClientSession | None = None
         self._wake = asyncio.Event()  # set when stopping: ends backoff sleeps at once
@@ -176,10 +181,15 @@ class Supervisor:
         # Counters of an earlier run's processes would be summed in again: start empty.
         shutil.rmtree(self.metrics_dir, ignore_errors=True)
         self.metrics_dir.mkdir(parents=True)
-        # Opening the store creates or migrates it once, before the workers race to.
-        self._store = SqliteSessionStore(self._store_path)
-        store_path = self._store_path
-        self._writer = StoreWriter(lambda: SqliteSessionStore(store_path), name="pool-store-writer")
+        # Opening the store creates an empty one once, before the workers race to (and checks
+        # its schema: voicegate migrate steps an older one up).
+        location, availability = self.location, self.availability
+        self._writer = StoreWriter(
+            lambda: location.open(retry=True, availability=availability), name="pool-store-writer"
+        )
+        self._reader = StoreReader(
+            lambda: location.open(availability=availability), name="pool-store-reader"
+        )
         self._http = aiohttp.ClientSession()
         if self.front is not None:
             try:
@@ -205,10 +215,10 @@ class Supervisor:
             },
         )
 
-    @property
-    def store(self) -> SessionStore:
-        assert self._store is not None
-        return self._store
+    async def read(self, job: Callable[[SessionStore], T]) -> T:
+        """``job(store)`` on a reader thread (session/store/reader.py), never on the loop."""
+        assert self._reader is not None
+        return await asyncio.wrap_future(self._reader.submit(job))
 
     # --- one worker's life ----------------------------------------------------------------------
 
@@ -415,11 +425,9 @@ class Supervisor:
                 return worker
         return None
 
-    def is_live(self, session_id: str) -> bool:
-        summary = self.store.get(session_id)
+    def is_live(self, summary: SessionSummary) -> bool:
         return (
-            summary is not None
-            and summary.terminal_state is None
+            summary.terminal_state is None
             and self.worker_of(summary.owner) is not None
         )
 
@@ -494,6 +502,6 @@ class Supervisor:
             await self._http.close()
         if self._writer is not None:
             await asyncio.to_thread(self._writer.close)
-        if self._store is not None:
-            self._store.close()
+        if self._reader is not None:
+            await asyncio.to_thread(self._reader.close)
         log.info("pool.stopped")

@@ -28,7 +28,8 @@ from config.tools import ToolSettings
 from session import events as sev
 from session.machine import GateClosed, IllegalTransition
 from session.state import Outstanding
-from session.store import SessionStore, StoreError, ToolIntent
+from session.store import SessionStore, StoreError, ToolIntent, ToolReceipt
+from session.store.reader import StoreReader
 from session.store.writer import StoreWriter
 from session.vocabulary import DEFINITIVE, Outcome
 from voicegate.faults import Faults
@@ -56,7 +57,7 @@ class ToolRefused:
 
 
 class ToolServices(Protocol):
-    store: SessionStore
+    reader: StoreReader
     writer: StoreWriter
     metrics: Metrics
     faults: Faults
@@ -64,6 +65,10 @@ class ToolServices(Protocol):
     tools: Mapping[str, ToolSettings]
     reconcile_timeout_s: float
     status_attempts: int
+
+
+def _key_record(store: SessionStore, key: str) -> tuple[ToolIntent | None, ToolReceipt | None]:
+    return store.intent(key), store.receipt(key)
 
 
 def intent_digest(tool: str, arguments: Mapping[str, Any], session_id: str, turn_id: str) -> str:
@@ -86,6 +91,9 @@ class CallTools:
     find_outstanding: Callable[[str], Outstanding | None]  # the session's own view of a key
     durable: Callable[[], Future[None] | None]  # the write of the last step applied
     wall: Callable[[], float]  # recorded timestamps of intent and receipt rows
+    # Runs ``then(done)`` in the call's task once a store job's future resolves (from any
+    # thread): store reads leave the event loop, their answers come back in order.
+    in_task: Callable[[Callable[[Future[Any]], None], Future[Any]], None]
     _tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     receipts_seen: int = 0
 
@@ -110,12 +118,42 @@ class CallTools:
         tool = services.tools.get(tool_name)
         if tool is None:
             return self._refuse(tool_name, key, f"no tool named {tool_name!r} is configured")
-        existing = services.store.intent(key) or self._in_flight_intent(key)
+        if (in_flight := self._in_flight_intent(key)) is not None:
+            return self._admit(tool, tool_name, key, digest, turn_id, arguments, approved, spoken,
+                               in_flight, None)  # fmt: skip
+
+        # Has this key been used before (a duplicate, or another session's)? Asked off the
+        # loop; the answer comes back in the call's task, which admits or refuses the call.
+        def admit(done: Future[tuple[ToolIntent | None, ToolReceipt | None]]) -> None:
+            try:
+                stored, receipt = done.result()
+            except StoreError as exc:
+                self._refuse(tool_name, key, f"the session store cannot be read: {exc}")
+                return
+            self._admit(tool, tool_name, key, digest, turn_id, arguments, approved, spoken,
+                        stored or self._in_flight_intent(key), receipt)  # fmt: skip
+
+        self.in_task(admit, services.reader.submit(lambda store: _key_record(store, key)))
+        return key
+
+    def _admit(
+        self,
+        tool: ToolSettings,
+        tool_name: str,
+        key: str,
+        digest: str,
+        turn_id: str,
+        arguments: Mapping[str, Any],
+        approved: bool,
+        spoken: bool,
+        existing: ToolIntent | None,
+        receipt: ToolReceipt | None,
+    ) -> str:
+        services = self.services
         if existing is not None:
             if existing.digest != digest or existing.session_id != self.session_id:
                 return self._refuse(tool_name, key, "this key was used for a different request")
             services.metrics.tool_duplicates_prevented.labels(tool_name).inc()
-            receipt = services.store.receipt(key)
             outcome = receipt.outcome if receipt and receipt.outcome in DEFINITIVE else "pending"
             detail = dict(receipt.detail) if receipt else {}
             self.post(ToolRefused(ToolResult(tool_name, key, outcome, detail, duplicate=True)))
@@ -225,23 +263,24 @@ class CallTools:
     def reconcile(self, keys: tuple[str, ...], tool_of: Callable[[str], str]) -> None:
         """Reconcile effect: settle each outstanding key from a stored receipt or the provider."""
         for key in keys:
-            receipt = self.services.store.receipt(key)
-            if receipt is not None and receipt.outcome in DEFINITIVE:
-                self.post(ToolDone(key, ToolOutcome(receipt.outcome, receipt.detail), "store"))
-                continue
-            tool = self.services.tools.get(tool_of(key))
-            if tool is None:
-                self.post(
-                    ToolDone(
-                        key,
-                        ToolOutcome(Outcome.UNKNOWN, {"reason": "tool no longer configured"}),
-                        "status",
-                    )
-                )
-                continue
-            self._spawn(key, self._reconcile_one(tool, key))
+            self._spawn(key, self._reconcile_one(self.services.tools.get(tool_of(key)), key))
 
-    async def _reconcile_one(self, tool: ToolSettings, key: str) -> None:
+    async def _reconcile_one(self, tool: ToolSettings | None, key: str) -> None:
+        # Read on the writer's thread, behind every write this call submitted: a receipt row
+        # still queued there is seen, not asked of the provider again.
+        try:
+            receipt = await asyncio.wrap_future(
+                self.services.writer.submit(lambda store: store.receipt(key))
+            )
+        except StoreError:
+            receipt = None  # the provider is asked; its answer is recorded as any other
+        if receipt is not None and receipt.outcome in DEFINITIVE:
+            self.post(ToolDone(key, ToolOutcome(receipt.outcome, receipt.detail), "store"))
+            return
+        if tool is None:
+            outcome = ToolOutcome(Outcome.UNKNOWN, {"reason": "tool no longer configured"})
+            self.post(ToolDone(key, outcome, "status"))
+            return
         self.post(ToolDone(key, await self._resolve(tool, key), "status"))
 
     async def _resolve(self, tool: ToolSettings, key: str) -> ToolOutcome:

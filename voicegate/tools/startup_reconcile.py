@@ -9,6 +9,7 @@ that was only stalled, not dead, can no longer write to it. The taker is ``<me>/
 ``me``: what it leaves open is still a predecessor's session, which ``reap_predecessors`` (it
 skips only ``me``'s own live sessions) finalises next. A session another process takes over
 meanwhile is left to that process.
+Every store call runs on the writer thread (``write``), never on the event loop.
 Nothing is ever sent again (seed 000: "Automatically replaying the last tool request after
 reconnection, causing duplicate charges" is the failure this prevents).
 """
@@ -17,22 +18,25 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 from config.tools import ToolSettings
 from session import effects as fx
 from session import events as sev
 from session.durable import DurableSession
-from session.store import LeaseLost, SessionFinished, SessionStore
+from session.store import LeaseLost, SessionFinished, SessionStore, SessionSummary, ToolReceipt
 from session.vocabulary import DEFINITIVE, Outcome, OwnerId
 from voicegate.tools.client import ToolClient, ToolOutcome
 from voicegate.tools.records import ensure_intent_row, store_receipt
 
 log = logging.getLogger("voicegate.reconcile")
 
+Write = Callable[[Callable[[SessionStore], Any]], Awaitable[Any]]
+
 
 async def settle_predecessors(
-    store: SessionStore,
+    write: Write,
     client: ToolClient,
     tools: Mapping[str, ToolSettings],
     *,
@@ -46,47 +50,70 @@ async def settle_predecessors(
 ) -> int:
     """Reconcile the outstanding intents of dead predecessors' sessions; returns how many."""
     settled = 0
-    for summary in store.open_sessions(owner_prefix=OwnerId.prefix(worker)):
+    prefix = OwnerId.prefix(worker)
+    summaries: list[SessionSummary] = await write(
+        lambda store: store.open_sessions(owner_prefix=prefix)
+    )
+    for summary in summaries:
         if summary.owner == me:
             continue
-        if not DurableSession.load(store, summary.session_id).state.outstanding:
+        sid = summary.session_id
+
+        def load(store: SessionStore, sid: str = sid) -> DurableSession:
+            return DurableSession.load(store, sid)
+
+        if not (await write(load)).state.outstanding:
             continue  # nothing in flight: the reaper alone finalises it
+
+        def take(store: SessionStore, sid: str = sid) -> DurableSession:
+            session = DurableSession.take_over(store, sid, owner=f"{me}/reconcile", now=now())
+            # The writer's store is the session's: its steps run on the writer thread too.
+            return session
+
+        def step(session: DurableSession, event: sev.Event) -> Callable[[SessionStore], Any]:
+            return lambda _store: session.apply(event, now())
+
         try:
-            session = DurableSession.take_over(
-                store, summary.session_id, owner=f"{me}/reconcile", now=now()
-            )
+            session = await write(take)
             lost = sev.OwnerLost("the process serving the call died")
-            record_effects(session.apply(lost, now()))
+            record_effects(await write(step(session, lost)))
         except (LeaseLost, SessionFinished) as exc:
-            _left_to_another(summary.session_id, exc)
+            _left_to_another(sid, exc)
             continue
         for intent in session.state.outstanding:
             if session.state.terminal:
                 break
+
+            def stored(store: SessionStore, key: str = intent.key) -> ToolReceipt | None:
+                return store.receipt(key)
+
             outcome = await _settle(
-                store, client, tools, intent.key, intent.tool, attempts, deadline_s
+                await write(stored), client, tools, intent.key, intent.tool, attempts, deadline_s
             )
-            # A crash between the intent event and its row: the log is the truth, arguments too.
-            ensure_intent_row(store, summary.session_id, intent, at=now())
-            store_receipt(store, intent.key, outcome, via="startup", at=now())
+
+            def persist(
+                store: SessionStore, sid: str = sid, intent: Any = intent, outcome: Any = outcome
+            ) -> None:
+                # A crash between the intent event and its row: the log is the truth, its
+                # arguments too. The receipt is durable before the session hears of it.
+                ensure_intent_row(store, sid, intent, at=now())
+                store_receipt(store, intent.key, outcome, via="startup", at=now())
+
+            await write(persist)
             receipt = sev.ToolReceipt(
                 intent.key, outcome.outcome, str(outcome.detail.get("reason", ""))
             )
             try:
-                record_effects(session.apply(receipt, now()))
+                record_effects(await write(step(session, receipt)))
             except LeaseLost as exc:
                 # The stored receipt stays: whoever owns the session now settles from it.
-                _left_to_another(summary.session_id, exc)
+                _left_to_another(sid, exc)
                 break
             on_outcome(intent.tool, outcome.outcome)
             settled += 1
             log.warning(
                 "reconcile.settled",
-                extra={
-                    "session_id": summary.session_id,
-                    "key": intent.key,
-                    "outcome": outcome.outcome,
-                },
+                extra={"session_id": sid, "key": intent.key, "outcome": outcome.outcome},
             )
     return settled
 
@@ -97,7 +124,7 @@ def _left_to_another(session_id: str, exc: LeaseLost | SessionFinished) -> None:
 
 
 async def _settle(
-    store: SessionStore,
+    receipt: ToolReceipt | None,
     client: ToolClient,
     tools: Mapping[str, ToolSettings],
     key: str,
@@ -105,7 +132,6 @@ async def _settle(
     attempts: int,
     deadline_s: float,
 ) -> ToolOutcome:
-    receipt = store.receipt(key)
     if receipt is not None and receipt.outcome in DEFINITIVE:
         return ToolOutcome(receipt.outcome, receipt.detail)
     tool = tools.get(tool_name)
