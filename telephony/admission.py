@@ -64,6 +64,9 @@ class Admission:
         self.numbers = numbers
         self.route = route
         self.draining = False
+        # The session store does not answer (docs/storage.md): a new call could not even record
+        # that it began, so it is refused and the front door tries another worker.
+        self.store_unavailable = False
         self._tokens = self.burst
         self._last: float | None = None
 
@@ -97,6 +100,8 @@ class Admission:
         if self.draining:
             # RFC 3261 21.5.4: 503 tells the front door to try another worker.
             return Decision(503, "draining", now)
+        if self.store_unavailable:
+            return Decision(503, "store_unavailable", now)
         if not self._take_token(now):
             return Decision(503, "setup_rate", now + SLOT_HOLD_S)
         if bad_offer is not None:

@@ -269,6 +269,8 @@ class SipEndpoint:
         match command:
             case ev.Drain():
                 self.admission.draining = True
+            case ev.StoreAvailability(available=available):
+                self.admission.store_unavailable = not available
             case ev.Answer(call_id=call_id, status=status):
                 call = self._calls.get(call_id)
                 if call is not None:

@@ -250,6 +250,14 @@ class Drain:
 
 
 @dataclass(frozen=True, slots=True)
+class StoreAvailability:
+    """Refuse new INVITEs with 503 while the session store does not answer (``available``
+    False), and take them again once it does."""
+
+    available: bool
+
+
+@dataclass(frozen=True, slots=True)
 class ProbeDialog:
     """Ask the caller whether the dialog still exists: an OPTIONS within it (RFC 3261 section 11),
     answered by :class:`DialogProbed` carrying the same ``generation`` and ``attempt``.
@@ -310,4 +318,7 @@ class TransferReplaces:
     consult_id: str
 
 
-SipCommand = Answer | Hangup | Drain | ProbeDialog | Transfer | Dial | TransferReplaces | Rekey
+SipCommand = (
+    Answer | Hangup | Drain | StoreAvailability | ProbeDialog | Transfer | Dial | TransferReplaces
+    | Rekey
+)

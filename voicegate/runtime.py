@@ -56,6 +56,7 @@ from voicegate.call.legs import OutboundLeg, PlaceRefused, new_leg_offer
 from voicegate.call.live_call import LiveCall
 from voicegate.call.rejoin import Verdict
 from voicegate.call.rejoins import Rejoins
+from voicegate.call.store_outage import StoreOutage
 from voicegate.call.transfer import TransferRefused
 from voicegate.faults import Faults
 from voicegate.observe.metrics import Metrics
@@ -188,6 +189,15 @@ class Runtime:
         self.writer = StoreWriter(lambda: location.open(retry=True, availability=availability))
         # And so does every read (session/store/reader.py): a reader fails fast instead.
         self.reader = StoreReader(lambda: location.open(availability=availability))
+        # While the store is away: new calls get 503, live calls walk seed 004's ladder.
+        self.outage = StoreOutage(
+            lambda: self.calls.values(),
+            settings.storage.unavailable_deadline_s,
+            self.metrics.store_outage_calls_ended.inc,
+        )
+        self._loop: asyncio.AbstractEventLoop | None = None
+        availability.watch(self._store_changed)
+        self.metrics.store_up.set(1)
         # "<worker>/<incarnation>": a restarted worker knows its predecessor's sessions are dead.
         self.owner = OwnerId(settings.session.worker_name, uuid.uuid4().hex[:12]).format()
         prompts_dir = settings.agent.prompts_dir or default_prompts_dir()
@@ -237,6 +247,7 @@ class Runtime:
         self.draining = False
         self._ticker: asyncio.TimerHandle | None = None
         self._housekeeping: asyncio.Task[None] | None = None
+        self._store_watch: asyncio.Task[None] | None = None
         self._next_tick = 0.0
         self._tick_s = settings.audio.tick_ms / 1000
         self._barge_in_tick_s = settings.audio.barge_in_tick_ms / 1000
@@ -326,6 +337,30 @@ class Runtime:
         """``job(store)`` on the writer thread, after every write submitted before it."""
         return await asyncio.wrap_future(self.writer.submit(job))
 
+    def _store_changed(self, available: bool) -> None:
+        # From the store thread that noticed: hand it to the loop.
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._on_store_changed, available)
+
+    def _on_store_changed(self, available: bool) -> None:
+        self.metrics.store_up.set(1 if available else 0)
+        self.submit(ev.StoreAvailability(available))
+        if available:
+            log.warning("store.available", extra={"store": self.location.describe()})
+        else:
+            self.metrics.store_outages.inc()
+            log.error("store.unavailable", extra={"store": self.location.describe()})
+        self.outage.check(self.store_down_for())
+
+    async def _watch_store(self) -> None:
+        """Every half second while the store is away: the live calls' ladder of honesty."""
+        while True:
+            await asyncio.sleep(0.5)
+            down_for = self.store_down_for()
+            if down_for is not None:
+                self.metrics.store_unavailable_seconds.inc(0.5)
+            self.outage.check(down_for)
+
     def store_down_for(self) -> float | None:
         """Seconds since the session store stopped answering; None while it answers."""
         return self.availability.down_for()
@@ -394,6 +429,7 @@ class Runtime:
 
     async def start(self) -> None:
         """Settle and finalise what a dead predecessor left open, then start taking calls."""
+        self._loop = asyncio.get_running_loop()
         self._http = self._http_session()
         self.tool_client = ToolClient(self._http, self.metrics)
         settled = await settle_predecessors(
@@ -428,6 +464,7 @@ class Runtime:
         await self.sip.start()
         self._arm_ticker()
         self._housekeeping = asyncio.create_task(self._keep_house(), name="housekeeping")
+        self._store_watch = asyncio.create_task(self._watch_store(), name="store-watch")
 
     async def _keep_house(self) -> None:
         """Heartbeat the live sessions; now and then, reap sessions whose process is gone."""
@@ -631,6 +668,7 @@ class Runtime:
         finally:
             call.session_started.set()
             self.calls.pop(call.call_id, None)
+            self.outage.forget(call.call_id)
             if call.rejoin is not None:
                 self.rejoins.ended(call.call_id)
                 if self.callbacks is not None:
@@ -719,10 +757,11 @@ class Runtime:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._ticker is not None:
             self._ticker.cancel()
-        if self._housekeeping is not None:
-            self._housekeeping.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._housekeeping
+        for keeper in (self._housekeeping, self._store_watch):
+            if keeper is not None:
+                keeper.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await keeper
         if self.sip is not None:
             await self.sip.stop()
         if self._http is not None:

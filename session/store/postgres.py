@@ -118,16 +118,28 @@ class Availability:
         self._down_since: float | None = None
         self.outages = 0
         self.stopping = threading.Event()  # set at shutdown: a retrying write gives up
+        self._watchers: list[Callable[[bool], None]] = []
+
+    def watch(self, changed: Callable[[bool], None]) -> None:
+        """Call ``changed(available)`` at each change, from the thread that noticed it."""
+        self._watchers.append(changed)
 
     def down(self) -> None:
         with self._lock:
-            if self._down_since is None:
-                self._down_since = self._clock()
-                self.outages += 1
+            if self._down_since is not None:
+                return
+            self._down_since = self._clock()
+            self.outages += 1
+        for changed in self._watchers:
+            changed(False)
 
     def up(self) -> None:
         with self._lock:
+            if self._down_since is None:
+                return
             self._down_since = None
+        for changed in self._watchers:
+            changed(True)
 
     def down_for(self) -> float | None:
         """Seconds since the database stopped answering; None while it answers."""

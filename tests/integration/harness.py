@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from session.store import SessionStore
 from tests.secret_audit import AUDIT
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -325,11 +326,17 @@ class Server:
         """The ``ended`` part of every session (None while open), oldest first."""
         return [s["ended"] for s in self.sessions()]
 
-    def stored_sessions(self) -> list[dict[str, Any]]:
-        """Read the store file directly (the server may be down): session summaries."""
-        from session.store.sqlite import SqliteSessionStore
+    def open_store(self) -> SessionStore:
+        """The server's store, opened here (its SQLite file, or its PostgreSQL database when
+        ``VOICEGATE_STORAGE_URL`` is set for it): the server may be down."""
+        from session.store.location import StoreLocation
 
-        store = SqliteSessionStore(self.data_dir / "voicegate.sqlite3")
+        url = self.env_overrides.get("VOICEGATE_STORAGE_URL", "")
+        return StoreLocation(url, self.data_dir / "voicegate.sqlite3").open()
+
+    def stored_sessions(self) -> list[dict[str, Any]]:
+        """Read the store directly (the server may be down): session summaries."""
+        store = self.open_store()
         try:
             summaries, _ = store.list(limit=500)
             return [

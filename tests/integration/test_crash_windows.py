@@ -48,12 +48,21 @@ def pytest_report_crash_summary() -> str:
     )
 
 
+@pytest.mark.parametrize("store", ["sqlite", "postgresql"])
 @pytest.mark.parametrize(("window", "charged"), WINDOWS, ids=[w for w, _ in WINDOWS])
 def test_crash_window(
-    window: str, charged: bool | None, provider: Provider, tmp_path: Path
+    window: str,
+    charged: bool | None,
+    store: str,
+    provider: Provider,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
 ) -> None:
     before = {row["key"] for row in provider.ledger()}
     env = {**provider.tool_env(), "VOICEGATE_FAULTS_CRASH_AT": window}
+    if store == "postgresql":
+        # The same windows on the shared store: its commits are as durable before acting.
+        env["VOICEGATE_STORAGE_URL"] = request.getfixturevalue("pg_url")
     server = Server(tmp_path / "server", env_overrides=env).start()
     sipp = Sipp("uac-payment.xml", server.sip_target, tmp_path / "sipp", timeout_s=40).start()
     try:

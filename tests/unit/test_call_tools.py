@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from config.tools import ToolSettings
 from session import effects as fx
 from session import events as sev
 from session.durable import DurableSession
-from session.store import SessionStore
+from session.store.reader import StoreReader
 from session.store.sqlite import SqliteSessionStore
 from session.store.writer import StoreWriter
 from tests.payment_app import payment_app
@@ -30,7 +31,7 @@ from voicegate.tools.client import ToolClient
 
 @dataclass
 class Services:
-    store: SessionStore
+    reader: StoreReader
     writer: StoreWriter
     tool_client: ToolClient
     tools: Mapping[str, ToolSettings]
@@ -38,6 +39,12 @@ class Services:
     faults: Faults = field(default_factory=lambda: Faults(""))
     reconcile_timeout_s: float = 5.0
     status_attempts: int = 4
+
+
+def in_task(then: Callable[[Future[Any]], None], done: Future[Any]) -> None:
+    """What the call's steps do with a store job's answer: ``then`` on the loop, in order."""
+    loop = asyncio.get_running_loop()
+    done.add_done_callback(lambda f: loop.call_soon_threadsafe(then, f))
 
 
 @pytest.fixture
@@ -58,7 +65,8 @@ async def test_the_same_intent_twice_is_one_charge_and_the_original_outcome(
     store = SqliteSessionStore(tmp_path / "s.sqlite3")
     async with aiohttp.ClientSession() as http:
         writer = StoreWriter(lambda: SqliteSessionStore(tmp_path / "s.sqlite3"))
-        services = Services(store, writer, ToolClient(http), {"charge": tool})
+        reader = StoreReader(lambda: SqliteSessionStore(tmp_path / "s.sqlite3"))
+        services = Services(reader, writer, ToolClient(http), {"charge": tool})
         session, _ = DurableSession.create(
             store, "s1", owner="w/1", meta={}, offered=sev.CallOffered(), now=time.time()
         )
@@ -83,6 +91,7 @@ async def test_the_same_intent_twice_is_one_charge_and_the_original_outcome(
             ),
             durable=lambda: None,  # this test's session writes synchronously
             wall=time.time,
+            in_task=in_task,
         )
         apply(sev.CallAnswered())
         apply(sev.TurnStarted("t1"))
@@ -125,6 +134,7 @@ async def test_the_same_intent_twice_is_one_charge_and_the_original_outcome(
         assert [(r["key"], r["status"]) for r in rows] == [(key, "committed")]
         assert services.metrics.tool_duplicates_prevented.labels("charge")._value.get() == 1
     writer.close()
+    reader.close()
     store.close()
 
 
@@ -139,7 +149,8 @@ async def test_a_spoken_yes_approves_only_a_tool_that_takes_the_callers_voice(
     store = SqliteSessionStore(tmp_path / "s.sqlite3")
     async with aiohttp.ClientSession() as http:
         writer = StoreWriter(lambda: SqliteSessionStore(tmp_path / "s.sqlite3"))
-        services = Services(store, writer, ToolClient(http), {"charge": tool})
+        reader = StoreReader(lambda: SqliteSessionStore(tmp_path / "s.sqlite3"))
+        services = Services(reader, writer, ToolClient(http), {"charge": tool})
         session, _ = DurableSession.create(
             store, "s1", owner="w/1", meta={}, offered=sev.CallOffered(), now=time.time()
         )
@@ -158,7 +169,7 @@ async def test_a_spoken_yes_approves_only_a_tool_that_takes_the_callers_voice(
             find_outstanding=lambda key: next(
                 (o for o in session.state.outstanding if o.key == key), None
             ),
-            durable=lambda: None, wall=time.time,
+            durable=lambda: None, wall=time.time, in_task=in_task,
         )  # fmt: skip
         apply(sev.CallAnswered())
         apply(sev.TurnStarted("t1"))

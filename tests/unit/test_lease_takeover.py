@@ -90,8 +90,12 @@ class _Client:
 
 async def _settle(store: SqliteSessionStore, client: _Client) -> tuple[int, list[str]]:
     outcomes: list[str] = []
+
+    async def write(job: Any) -> Any:
+        return job(store)  # the runtime's writer thread, here the test's own store
+
     settled = await settle_predecessors(
-        store,
+        write,
         client,  # type: ignore[arg-type]
         {"charge": CHARGE},
         worker="worker-0",

@@ -35,7 +35,7 @@ def runtime(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Runtime]
     runtime = Runtime(load_settings(environ={"VOICEGATE_STORAGE_DATA_DIR": str(tmp_path), **env}))
     yield runtime
     runtime.writer.close()
-    runtime.store.close()
+    runtime.reader.close()
 
 
 def _gaps_ms(runtime: Runtime, quickened: list[int]) -> list[int]:

@@ -48,7 +48,7 @@ def runtime(tmp_path: Path) -> Iterator[Runtime]:
     runtime = Runtime(load_settings(environ={"VOICEGATE_STORAGE_DATA_DIR": str(tmp_path)}))
     yield runtime
     runtime.writer.close()
-    runtime.store.close()
+    runtime.reader.close()
 
 
 def test_the_document_is_valid_openapi() -> None:

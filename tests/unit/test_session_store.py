@@ -882,7 +882,7 @@ def _columns(path: Path) -> list[tuple[Any, ...]]:
 def test_sqlite_migrates_a_version_1_file_in_place(tmp_path: Path) -> None:
     path = tmp_path / "v1.sqlite3"
     _write_v1_file(path)
-    with pytest.raises(SchemaTooOld, match="version 1, older than .*: run voicegate migrate"):
+    with pytest.raises(SchemaTooOld, match=r"version 1, older than .*: run voicegate migrate"):
         SqliteSessionStore(path)  # a server does not migrate: voicegate migrate does
 
     store = SqliteSessionStore(path, upgrade=True)

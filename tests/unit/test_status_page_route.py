@@ -22,7 +22,7 @@ def runtime(tmp_path: Path) -> Iterator[Runtime]:
     runtime = Runtime(load_settings(environ={"VOICEGATE_STORAGE_DATA_DIR": str(tmp_path)}))
     yield runtime
     runtime.writer.close()
-    runtime.store.close()
+    runtime.reader.close()
 
 
 async def _check(app: web.Application) -> None:

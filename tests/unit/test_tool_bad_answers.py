@@ -32,10 +32,11 @@ from config.tools import ToolSettings
 from session import effects as fx
 from session import events as sev
 from session.durable import DurableSession
+from session.store.reader import StoreReader
 from session.store.sqlite import SqliteSessionStore
 from session.store.writer import StoreWriter
 from session.vocabulary import Outcome
-from tests.unit.test_call_tools import Services
+from tests.unit.test_call_tools import Services, in_task
 from voicegate.observe.metrics import Metrics
 from voicegate.tools.call_tools import CallTools, ToolDone
 from voicegate.tools.client import MAX_ANSWER_BYTES, BadAnswer, StatusUnavailable, ToolClient
@@ -275,13 +276,14 @@ async def _executor_run(tmp: Path, provider: GarbageProvider) -> None:
     db = tmp / "s.sqlite3"
     store = SqliteSessionStore(db)
     writer = StoreWriter(lambda: SqliteSessionStore(db))
+    reader = StoreReader(lambda: SqliteSessionStore(db))
     metrics = Metrics()
 
     async def run(tool: ToolSettings) -> None:
         async with aiohttp.ClientSession() as http:
             # One status attempt: the resolve loop's backoff would only slow the examples.
             services = Services(
-                store, writer, ToolClient(http, metrics), {"charge": tool}, metrics=metrics,
+                reader, writer, ToolClient(http, metrics), {"charge": tool}, metrics=metrics,
                 status_attempts=1,
             )  # fmt: skip
             session, _ = DurableSession.create(
@@ -308,6 +310,7 @@ async def _executor_run(tmp: Path, provider: GarbageProvider) -> None:
                 ),
                 durable=lambda: None,
                 wall=time.time,
+                in_task=in_task,
             )
             apply(sev.CallAnswered())
             apply(sev.TurnStarted("t1"))
@@ -331,4 +334,5 @@ async def _executor_run(tmp: Path, provider: GarbageProvider) -> None:
         await with_provider(provider, run)
     finally:
         await asyncio.to_thread(writer.close)
+        await asyncio.to_thread(reader.close)
         store.close()

@@ -33,7 +33,7 @@ def runtime(tmp_path: Path) -> Iterator[Runtime]:
     )
     yield runtime
     runtime.writer.close()
-    runtime.store.close()
+    runtime.reader.close()
 
 
 @pytest.fixture

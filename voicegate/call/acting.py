@@ -199,6 +199,18 @@ class SessionSteps:
         )
         self._halt(lost)
 
+    @property
+    def waiting_on_store(self) -> bool:
+        """A step of this call is not durable yet: what it asked for waits (persist, then act)."""
+        return any(w is not None and not w.done() for w, _ in self._acting)
+
+    def give_up(self, why: StoreError) -> None:
+        """The store could not persist this call's steps in time: stop acting (as on a lost
+        lease); its queued steps are still written once the store answers, and the reaper
+        finalises the session from what is durable."""
+        log.error("session.store_gave_up", extra={"call_id": self._state.call_id, "why": str(why)})
+        self._halt(why)
+
     def _halt(self, why: StoreError) -> None:
         """Stop acting for the session: every later step raises ``why`` before it is written."""
         if self.halted is not None:

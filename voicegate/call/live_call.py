@@ -82,6 +82,7 @@ class LiveCall:
         # Set by the runtime when the call was answered before its task started (a callback's
         # offer): its CallAnswered and MediaReady are in the queue already.
         self.answered_early = False
+        self._last_touch: Future[LeaseLost | None] | None = None
         self._services = services
         self._agent_factory = agent_factory
         self._clock = clock
@@ -237,6 +238,7 @@ class LiveCall:
             return LeaseLost(self.call_id, lease, held.owner, held.lease_epoch) if held else None
 
         done = self._services.writer.submit(touch)
+        self._last_touch = done
         done.add_done_callback(lambda f: self._steps.from_writer(self._touched, f))
 
     def _touched(self, done: Future[LeaseLost | None]) -> None:
@@ -249,13 +251,33 @@ class LiveCall:
         reconciled (session/away.py)."""
         self._steps.try_apply(sev.ResumeReused())
 
+    @property
+    def waiting_on_store(self) -> bool:
+        """A step or the heartbeat of this call waits for the session store
+        (voicegate/call/store_outage.py)."""
+        touching = self._last_touch is not None and not self._last_touch.done()
+        return (self._steps.waiting_on_store or touching) and self._steps.halted is None
+
+    def give_up_on_store(self, why: StoreError) -> None:
+        """Stop acting for the session: the store could not record its steps in time."""
+        self._steps.give_up(why)
+
     def stop_playback(self) -> None:
         """Cut the response being played (the runtime's shutdown notice goes next)."""
         self._responses.interrupt(reason="ending")
 
-    def announce(self, prompt: str) -> None:
-        """Play a system notice (not an agent response, so not subject to barge-in)."""
+    def announce(self, prompt: str) -> float:
+        """Play a system notice (not an agent response, so not subject to barge-in); returns
+        its length in seconds (0 when the call has no audio to play it on)."""
         self._responses.say(prompt)
+        channel = self._state.channel
+        if channel is None or self.phase is not CallPhase.ANSWERED:
+            return 0.0
+        return len(self._services.prompt(prompt, channel.rate)) / channel.rate
+
+    @property
+    def answered(self) -> bool:
+        return self.phase is CallPhase.ANSWERED
 
     def end(self, plan: HangupPlan, *, after_playout: bool, status: int = 603) -> None:
         """Hang up, recording ``plan`` as the session's outcome (the first plan given wins).

@@ -102,6 +102,28 @@ class Metrics:
             "Times a call's playout ran dry while audio was playing",
             registry=r,
         )
+        # The session store (docs/storage.md): whether it answers, and what its outages cost.
+        self.store_up = Gauge(
+            "voicegate_store_up",
+            "1 while the session store answers; 0 while it does not (new calls get 503)",
+            registry=r,
+        )
+        self.store_outages = Counter(
+            "voicegate_store_outages_total",
+            "Times the session store stopped answering",
+            registry=r,
+        )
+        self.store_unavailable_seconds = Counter(
+            "voicegate_store_unavailable_seconds_total",
+            "Seconds the session store did not answer (counted every half second)",
+            registry=r,
+        )
+        self.store_outage_calls_ended = Counter(
+            "voicegate_store_outage_calls_ended_total",
+            "Live calls let go because the store could not record their steps for "
+            "storage.unavailable_deadline_s",
+            registry=r,
+        )
         self.sip_ready = Gauge(
             "voicegate_sip_transports_up",
             "1 while the SIP transports are bound (in a pool: workers with SIP up)",
