@@ -215,7 +215,11 @@ class PostgresSessionStore:
         self._connect_timeout_s = connect_timeout_s
         self._db: psycopg.Connection[Any] | None = None
         self._connect_or_wait()
-        self.found_version = self._prepare(upgrade, time.time() if now is None else now)
+        try:
+            self.found_version = self._prepare(upgrade, time.time() if now is None else now)
+        except BaseException:
+            self.close()
+            raise
 
     # --- connections --------------------------------------------------------------------------
 
@@ -306,6 +310,11 @@ class PostgresSessionStore:
                         log.info("store.commit_had_landed", extra={"store": self.where})
                     return work(cur)
             except _Lost as lost:
+                if not self.retry and attempt == 0:
+                    # A connection left broken by an earlier outage: one fresh one at once
+                    # (it fails fast if the database is still away).
+                    attempt += 1
+                    continue
                 self.availability.down()
                 if not self.retry or self.availability.stopping.is_set():
                     raise StoreUnavailable(

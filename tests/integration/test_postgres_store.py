@@ -190,14 +190,18 @@ def test_past_the_deadline_the_caller_is_told_and_the_session_still_ends(
         "VOICEGATE_STORAGE_UNAVAILABLE_DEADLINE_S": "3",
         # The session left open by the call let go is finalised by the reaper once it is
         # stale (its call stopped beating): soon, for the test.
-        "VOICEGATE_SESSION_REAP_AFTER_S": "4",
+        "VOICEGATE_SESSION_REAP_AFTER_S": "10",
         "VOICEGATE_SESSION_HEARTBEAT_S": "1",
     }
     server = Server(tmp_path / "server", env_overrides=env).start()
     caller = Sipp("uac-wait-for-bye.xml", server.sip_target, tmp_path / "caller", timeout_s=60)
     caller.start()
     try:
-        wait_for(lambda: server.http("/v1/calls")[1]["calls"] or None, 20, "the call to be live")
+        wait_for(
+            lambda: any(c["answered_at"] for c in server.http("/v1/calls")[1]["calls"]),
+            20,
+            "the call to be answered",
+        )
         cluster.kill()
         # A step of the call waits (its heartbeat, the demo's timers): told, then let go.
         wait_for(

@@ -83,6 +83,7 @@ class LiveCall:
         # offer): its CallAnswered and MediaReady are in the queue already.
         self.answered_early = False
         self._last_touch: Future[LeaseLost | None] | None = None
+        self._halt_status = 603  # the final answer to an unanswered INVITE when halted
         self._services = services
         self._agent_factory = agent_factory
         self._clock = clock
@@ -259,7 +260,10 @@ class LiveCall:
         return (self._steps.waiting_on_store or touching) and self._steps.halted is None
 
     def give_up_on_store(self, why: StoreError) -> None:
-        """Stop acting for the session: the store could not record its steps in time."""
+        """Stop acting for the session: the store could not record its steps in time. A call
+        not answered yet is refused with 503, so a front door tries another worker."""
+        if self.phase is not CallPhase.ANSWERED:
+            self._halt_status = 503
         self._steps.give_up(why)
 
     def stop_playback(self) -> None:
@@ -295,7 +299,7 @@ class LiveCall:
         self.tools.cancel()
         if self.phase not in (CallPhase.ENDING, CallPhase.ENDED):
             self._state.phase = CallPhase.ENDING
-            self._services.submit(ev.Hangup(self.call_id))
+            self._services.submit(ev.Hangup(self.call_id, status=self._halt_status))
 
     # --- the task -------------------------------------------------------------------------------
 
