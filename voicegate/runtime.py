@@ -338,9 +338,10 @@ class Runtime:
         return await asyncio.wrap_future(self.writer.submit(job))
 
     def _store_changed(self, available: bool) -> None:
-        # From the store thread that noticed: hand it to the loop.
+        # From the store thread that noticed: hand it to the loop (gone after shutdown).
         if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._on_store_changed, available)
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(self._on_store_changed, available)
 
     def _on_store_changed(self, available: bool) -> None:
         self.metrics.store_up.set(1 if available else 0)

@@ -31,7 +31,8 @@ def server_factory(tmp_path: Path) -> Iterator[ServerFactory]:
     # caller may come back with the handle: session/away.py), which the next reaper sweep of
     # any process sharing the store ends once the handle has expired.
     for server in started:
-        if (server.data_dir / "voicegate.sqlite3").exists():
+        on_postgres = "VOICEGATE_STORAGE_URL" in server.env_overrides
+        if on_postgres or (server.data_dir / "voicegate.sqlite3").exists():
             left_open = [
                 s
                 for s in server.stored_sessions()

@@ -1,5 +1,6 @@
 """The write path end to end: a SIPp caller pays through the demo agent, against the real
-reference payment provider, including the provider being slow, failing and saying "unknown"."""
+reference payment provider, including the provider being slow, failing and saying "unknown";
+each on the embedded SQLite store and on the shared PostgreSQL one."""
 
 from __future__ import annotations
 
@@ -10,6 +11,21 @@ from typing import Any
 import pytest
 
 from tests.integration.harness import Provider, Server, ServerFactory, Sipp, wait_for
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def server_factory(
+    request: pytest.FixtureRequest, server_factory: ServerFactory
+) -> ServerFactory:
+    """Every payment test on both stores: the shared one keeps the same promises."""
+    if request.param == "sqlite":
+        return server_factory
+    url = request.getfixturevalue("pg_url")
+
+    def on_postgres(name: str = "server", wait_ready: bool = True, **env: str) -> Server:
+        return server_factory(name, wait_ready, **{"VOICEGATE_STORAGE_URL": url, **env})
+
+    return on_postgres
 
 
 @pytest.fixture

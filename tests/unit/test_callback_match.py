@@ -14,6 +14,8 @@ from session.deadlines import Timer
 from session.durable import DurableSession
 from session.reaper import expire_dropped, reap_stale
 from session.state import Signaling
+from session.store import SessionStore
+from session.store.postgres import PostgresSessionStore
 from session.store.sqlite import SqliteSessionStore
 from voicegate.call.callback_match import CALLER_KEY, end_dropped, find_dropped, take_back
 
@@ -22,15 +24,20 @@ T0 = 1_800_000_000.0
 DROPPED_AT = T0 + 24.0
 
 
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[SqliteSessionStore]:
-    s = SqliteSessionStore(tmp_path / "sessions.sqlite3")
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SessionStore]:
+    """Matching is as atomic on the shared store as on the embedded one."""
+    s: SessionStore
+    if request.param == "sqlite":
+        s = SqliteSessionStore(tmp_path / "sessions.sqlite3")
+    else:
+        s = PostgresSessionStore(request.getfixturevalue("pg_url"))
     yield s
     s.close()
 
 
 def _dropped(
-    store: SqliteSessionStore, sid: str, caller_key: str = "k-caller", tenant: str = "main"
+    store: SessionStore, sid: str, caller_key: str = "k-caller", tenant: str = "main"
 ) -> None:
     """A session whose media was lost for good, with a payment under way and a code issued."""
     lease = store.create(sid, owner="w1/a", meta={CALLER_KEY: caller_key}, at=T0, tenant=tenant)
@@ -45,14 +52,14 @@ def _dropped(
     assert session.state.signaling is Signaling.DROPPED
 
 
-def _find(store: SqliteSessionStore, now: float, **kw: str) -> str | None:
+def _find(store: SessionStore, now: float, **kw: str) -> str | None:
     args = {"tenant": "main", "caller_key": "k-caller", **kw}
     found = find_dropped(store, now=now, busy=frozenset(), **args)
     return found.session_id if found else None
 
 
 def test_a_call_matches_only_its_tenants_dropped_session_of_its_caller_within_the_window(
-    store: SqliteSessionStore,
+    store: SessionStore,
 ) -> None:
     _dropped(store, "s1")
     found = find_dropped(
@@ -70,7 +77,7 @@ def test_a_call_matches_only_its_tenants_dropped_session_of_its_caller_within_th
     assert busy is None
 
 
-def test_taking_it_back_moves_the_lease_once(store: SqliteSessionStore) -> None:
+def test_taking_it_back_moves_the_lease_once(store: SessionStore) -> None:
     _dropped(store, "s1")
     assert take_back(store, "s1", owner="w2/b", now=DROPPED_AT + WINDOW) is None  # too late
     verdict = take_back(store, "s1", owner="w2/b", now=DROPPED_AT + 5)
@@ -84,7 +91,7 @@ def test_taking_it_back_moves_the_lease_once(store: SqliteSessionStore) -> None:
 
 
 def test_a_caller_who_chooses_a_new_session_ends_the_dropped_one_as_it_would_have(
-    store: SqliteSessionStore,
+    store: SessionStore,
 ) -> None:
     _dropped(store, "s1")
     assert end_dropped(store, "s1", "code_refused", owner="w2/b", now=DROPPED_AT + 5)
@@ -95,7 +102,7 @@ def test_a_caller_who_chooses_a_new_session_ends_the_dropped_one_as_it_would_hav
 
 
 def test_the_reaper_leaves_a_dropped_session_until_its_window_passes(
-    store: SqliteSessionStore,
+    store: SessionStore,
 ) -> None:
     _dropped(store, "s1")
     # Nobody touches it, yet it is not lost: reap_stale leaves it to expire_dropped.

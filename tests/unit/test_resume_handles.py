@@ -7,12 +7,19 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import tempfile
+import uuid
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    rule,
+    run_state_machine_as_test,
+)
 
 from session.resume import (
     REFUSAL_PHRASES,
@@ -23,9 +30,12 @@ from session.resume import (
     parse,
     verify,
 )
+from session.store import SessionStore
+from session.store.postgres import PostgresSessionStore
 from session.store.sqlite import SqliteSessionStore
 from telephony.sip_message import mask_text
 from telephony.transfer import context_headers, refer_to
+from tests.pg_cluster import PgCluster
 
 TTL = 600.0
 
@@ -86,7 +96,7 @@ class HandleLifecycle(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.tmp = Path(tempfile.mkdtemp())
-        self.store = SqliteSessionStore(self.tmp / "s.sqlite3")
+        self.store = self.open_store()
         self.now = 0.0
         self.handles: list[tuple[str, str, str]] = []  # (text, session, tenant) ever issued
         self.used: set[str] = set()
@@ -97,6 +107,9 @@ class HandleLifecycle(RuleBasedStateMachine):
     def sessions(self) -> None:
         for session, tenant in (("s-acme", "acme"), ("s-beta", "beta")):
             self.store.create(session, owner="w/1", meta={}, at=0.0, tenant=tenant)
+
+    def open_store(self) -> SessionStore:
+        return SqliteSessionStore(self.tmp / "s.sqlite3")
 
     def teardown(self) -> None:
         self.store.close()
@@ -153,6 +166,25 @@ class HandleLifecycle(RuleBasedStateMachine):
 
 TestHandleLifecycle = HandleLifecycle.TestCase
 TestHandleLifecycle.settings = settings(max_examples=40, stateful_step_count=30, deadline=None)
+
+
+def test_the_same_lifecycle_holds_on_postgres(pg_cluster: PgCluster) -> None:
+    """Rotation and reuse detection as atomic on the shared store: the machine above, each
+    example on a database of its own."""
+
+    class OnPostgres(HandleLifecycle):
+        def open_store(self) -> SessionStore:
+            self.database = f"handles_{uuid.uuid4().hex[:12]}"
+            pg_cluster.create_database(self.database)
+            return PostgresSessionStore(pg_cluster.url(self.database))
+
+        def teardown(self) -> None:
+            super().teardown()
+            pg_cluster.drop_database(self.database)
+
+    run_state_machine_as_test(
+        OnPostgres, settings=settings(max_examples=15, stateful_step_count=30, deadline=None)
+    )
 
 
 def test_a_transfer_carries_the_handle_and_pjsips_log_never_shows_it() -> None:
