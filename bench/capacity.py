@@ -7,9 +7,12 @@ Prints figures, never passes or fails (STYLE.md; tests assert behaviour, benchma
     python bench/capacity.py --resample-quality 4     # PJSIP's small resampling filter, both sides
     python bench/capacity.py --clock-rate 8000        # a narrowband bridge, both sides
     python bench/capacity.py --speech                 # the demo agent recognising every caller
+    python bench/capacity.py --store postgresql       # the pool on a throw-away PostgreSQL
+    python bench/capacity.py --store both --steps 60,100 --hold 20   # SQLite, then PostgreSQL
 
 For each step it starts N SIPp callers through the pool's Kamailio (a pool of ceil(N_max / 4)
-workers, 4 calls each), waits until all N are answered, then for ``--hold`` seconds measures:
+workers, at least 2, 4 calls each), waits until all N are answered, then for ``--hold`` seconds
+measures:
 
 - CPU of the workers, as a percentage of one core, in all and per call (above the idle pool);
 - busy share of the machine: all of it (SIPp, tcpdump and this script included), and the pool's
@@ -25,11 +28,20 @@ workers, 4 calls each), waits until all N are answered, then for ``--hold`` seco
 then the set-up rate ramp: short calls at increasing rates, counting answered, refused (486/503)
 and failed calls per rate, the highest rate with no refusal and no failure, and whether any
 worker process died (an abort would show as a restart). Loopback only, bounded in calls and time.
+
+``--store`` picks the session store the pool writes: ``sqlite`` (the default: the embedded file
+in the pool's data directory), ``postgresql`` (a throw-away cluster, tests/pg_cluster.py, and a
+fresh database the pool is pointed at with VOICEGATE_STORAGE_URL; the database server's own CPU
+is reported apart, as it is no process of the pool), or ``both``: the same steps for each store
+one after the other, then the figures side by side. After each run the store's sessions are
+counted, which shows the pool really wrote where it was told to.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import itertools
 import math
 import os
@@ -39,7 +51,7 @@ import sys
 import tempfile
 import time
 import wave
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,6 +61,8 @@ sys.path.insert(0, str(ROOT))
 
 from audio.prompts import PromptLibrary, default_prompts_dir  # noqa: E402
 from config.settings import AudioSettings  # noqa: E402
+from session.store import SessionSummary  # noqa: E402
+from session.store.location import SQLITE_FILE, StoreLocation  # noqa: E402
 from tests.integration.harness import (  # noqa: E402
     Server,
     Sipp,
@@ -58,6 +72,7 @@ from tests.integration.harness import (  # noqa: E402
     wait_for,
 )
 from tests.integration.rtp_capture import Capture  # noqa: E402
+from tests.pg_cluster import PgCluster, running_cluster  # noqa: E402
 from voicegate.pool.front_door import find_executable  # noqa: E402
 from voicegate.pool.kamailio_config import (  # noqa: E402
     FrontDoor,
@@ -70,6 +85,7 @@ Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 PAGE = os.sysconf("SC_PAGE_SIZE")
 SPEECH_S = 7.2  # pcap/g711a.pcap
 BASELINE_PROMPT = "greeting"
+STORES = ("sqlite", "postgresql")
 
 # A caller that talks for its whole call: the A-law speech capture, again and again.
 SPEAKING_CALLER = """<?xml version="1.0" encoding="ISO-8859-1" ?>
@@ -248,6 +264,7 @@ class Step:
     machine_busy: float
     pool_busy: float
     baseline_per_call: float | None = None
+    db_cpu: float | None = None  # the PostgreSQL server's processes, % of one core (not the pool's)
 
 
 def rtp_interval_p99_ms(work: Path, rtp: tuple[int, int], seconds: float) -> tuple[float, float]:
@@ -298,6 +315,12 @@ class Pool:
         self.server = Server(work / "pool", env_overrides=env)
         self.workers = workers
 
+    def store(self) -> StoreLocation:
+        """Where the pool keeps its sessions: the database its settings name, else the embedded
+        file in its data directory."""
+        url = self.server.env_overrides.get("VOICEGATE_STORAGE_URL", "")
+        return StoreLocation(url, self.server.data_dir / SQLITE_FILE)
+
     def start(self) -> None:
         self.server.start()
         wait_for(lambda: self.ready() == self.workers, 180, "every worker ready")
@@ -332,24 +355,98 @@ class Pool:
         }
 
 
-def measure_step(pool: Pool, calls: int, hold_s: float, work: Path, idle: dict[str, float]) -> Step:
+def pool_workers(calls: int) -> int:
+    """Workers for ``calls`` at 4 calls each; at least 2, as one worker is no pool (no Kamailio,
+    no /v1/pool: pool.workers > 1)."""
+    return max(2, math.ceil(calls / 4))
+
+
+def pool_settings(
+    *,
+    media_port: str = "c",
+    tick_ms: int = AudioSettings().tick_ms,
+    speech: bool = False,
+    storage_url: str = "",
+) -> dict[str, str]:
+    """The worker settings a pool runs with here (the defaults: this script's); ``storage_url``:
+    the PostgreSQL database to keep its sessions in (empty: the embedded SQLite file)."""
+    settings = {
+        "VOICEGATE_MEDIA_PORT": media_port,
+        "VOICEGATE_AUDIO_TICK_MS": str(tick_ms),
+        "VOICEGATE_AGENT_SPEECH": "true" if speech else "false",
+    }
+    if storage_url:
+        settings["VOICEGATE_STORAGE_URL"] = storage_url
+    return settings
+
+
+def place_calls(pool: Pool, calls: int, work: Path, hold_s: float, name: str) -> Sipp:
+    """Start ``calls`` talking callers (SIPp, 20 new calls a second) and wait until the pool
+    holds them all, or for as long as the ramp should take: a saturated machine answers fewer,
+    and the caller measures what it holds. Each caller hangs up by itself about ``hold_s`` after
+    the ramp; :meth:`Sipp.wait` for them, or kill them once the pool stopped."""
     ramp_s = calls / 20 + 5
     # Callers hang up by themselves once the hold is over: a killed SIPp would leave the
     # workers' BYEs retransmitting (and call slots held) for 32 s.
     scenario = write_scenario(work, ramp_s + hold_s + 4)
     callers = Sipp(
-        str(scenario), pool.server.sip_target, work / f"step-{calls}", calls=calls, rate=20,
+        str(scenario), pool.server.sip_target, work / name, calls=calls, rate=20,
         limit=calls, timeout_s=int(ramp_s + hold_s + 90),
     ).start()  # fmt: skip
     try:
         deadline = time.monotonic() + ramp_s + 20
         while time.monotonic() < deadline and pool.answered() < calls:
-            time.sleep(0.25)  # a saturated machine answers fewer: measure what it holds
+            time.sleep(0.25)
+    except BaseException:
+        callers.kill()
+        raise
+    return callers
+
+
+def database_pids(cluster: PgCluster) -> list[int]:
+    """The PostgreSQL server's processes: its postmaster (the first line of its pid file) and
+    every backend, WAL writer and checkpointer it forked."""
+    postmaster = int((cluster.data_dir / "postmaster.pid").read_text().split()[0])
+    return descendants(postmaster)
+
+
+def count_sessions(
+    location: StoreLocation, where: Callable[[SessionSummary], bool] | None = None
+) -> int | None:
+    """How many sessions the store holds (only those ``where`` accepts, when given); None for
+    an SQLite file that was never made."""
+    if not location.url and not location.sqlite_path.exists():
+        return None
+    store = location.open()
+    try:
+        count, cursor = 0, None
+        while True:
+            page, cursor = store.list(limit=500, cursor=cursor)
+            count += sum(1 for s in page if where is None or where(s))
+            if cursor is None:
+                return count
+    finally:
+        store.close()
+
+
+def measure_step(
+    pool: Pool,
+    calls: int,
+    hold_s: float,
+    work: Path,
+    idle: dict[str, float],
+    db_pids: Callable[[], list[int]] | None = None,
+) -> Step:
+    """One step of ``calls`` concurrent calls; ``db_pids``: the database server's processes,
+    measured apart (PostgreSQL; the SQLite store is the workers' own writer thread)."""
+    callers = place_calls(pool, calls, work, hold_s, f"step-{calls}")
+    try:
         time.sleep(2)  # let every call's media settle
         pids = pool.worker_pids()
         cpu = CpuWindow(pids)
         assert pool.server.process is not None
         own = CpuWindow(descendants(pool.server.process.pid))
+        db = CpuWindow(db_pids()) if db_pids is not None else None
         machine = MachineCpu()
         frames_before, t0 = pool.frames(), time.monotonic()
         p99, wire_pps = rtp_interval_p99_ms(work, pool.rtp, min(5.0, hold_s / 2))
@@ -357,6 +454,7 @@ def measure_step(pool: Pool, calls: int, hold_s: float, work: Path, idle: dict[s
         frames_after, t1 = pool.frames(), time.monotonic()
         total = cpu.percent()
         pool_busy = own.percent() / (os.cpu_count() or 1)
+        db_cpu = db.percent() if db is not None else None
         machine_busy = machine.percent()
         rss = sum(rss_bytes(pid) for pid in pids)
         held = pool.answered()
@@ -383,6 +481,7 @@ def measure_step(pool: Pool, calls: int, hold_s: float, work: Path, idle: dict[s
         wire_pps=wire_pps,
         frames_seen=len(rates_in),
         rss_per_call_mb=(rss - idle["rss"]) / max(1, held) / 2**20,
+        db_cpu=db_cpu,
     )
 
 
@@ -455,7 +554,8 @@ def baseline_per_call(calls: int, hold_s: float, work: Path, media: BridgeMedia)
     return (spent - idle_cpu) / calls
 
 
-def rate_ramp(pool: Pool, rates: list[int], work: Path) -> None:
+def rate_ramp(pool: Pool, rates: list[int], work: Path) -> int:
+    """Prints each rate's counts; returns the highest rate with every call answered."""
     print("\nset-up rate ramp (uac-burst: INVITE, 200, ACK, BYE at once; 3 s per rate)")
     print(f"  {'rate/s':>7} {'calls':>6} {'answered':>9} {'refused':>8} {'failed':>7}  workers")
     best = 0
@@ -488,6 +588,7 @@ def rate_ramp(pool: Pool, rates: list[int], work: Path) -> None:
             best = rate
         time.sleep(2)
     print(f"  highest rate with every call answered: {best}/s")
+    return best
 
 
 def _sipp_failed(work: Path) -> int:
@@ -501,6 +602,167 @@ def _sipp_failed(work: Path) -> int:
     header, last = lines[0].split(";"), lines[-1].split(";")
     row = dict(zip(header, last, strict=False))
     return int(row.get("FailedCall(C)", "0") or 0)
+
+
+@dataclass
+class StoreRun:
+    """One store's pass: the pool's steps and ramp, and what the store held afterwards."""
+
+    store: str  # one of STORES
+    where: str  # the file, or the database URL
+    results: list[Step]
+    idle_cpu: float  # the idle pool's workers, % of one core
+    idle_db: float | None  # the idle database server, % of one core (PostgreSQL)
+    best_rate: int | None  # from the ramp, when one ran
+    sessions: int | None  # sessions the store held after the run
+
+    def step(self, calls: int) -> Step | None:
+        return next((s for s in self.results if s.calls == calls), None)
+
+
+def run_pool(
+    store: str,
+    args: argparse.Namespace,
+    work: Path,
+    workers: int,
+    media: BridgeMedia,
+    cluster: PgCluster | None,
+) -> StoreRun:
+    """Start a pool on ``store``, idle it, run every step and the rate ramp, stop it."""
+    steps = [int(x) for x in args.steps.split(",")]
+    rates = [int(x) for x in args.rates.split(",") if x]
+    url = ""
+    db_pids: Callable[[], list[int]] | None = None
+    if store == "postgresql":
+        assert cluster is not None
+        cluster.create_database("capacity")
+        url = cluster.url("capacity")
+        db_pids = functools.partial(database_pids, cluster)
+    settings = pool_settings(
+        media_port=args.media_port, tick_ms=args.tick_ms, speech=args.speech, storage_url=url
+    )
+    pool = Pool(work, workers, media, settings)
+    where = pool.store().describe()
+    print(f"  store: {store} ({where})", flush=True)
+    results: list[Step] = []
+    best_rate: int | None = None
+    idle_db: float | None = None
+    try:
+        pool.start()  # in the try: a pool that never got ready is stopped all the same
+        time.sleep(3)
+        pids = pool.worker_pids()
+        window = CpuWindow(pids)
+        db_window = CpuWindow(db_pids()) if db_pids is not None else None
+        time.sleep(5)
+        idle = {"cpu": window.percent(), "rss": float(sum(rss_bytes(p) for p in pids))}
+        idle_db = db_window.percent() if db_window is not None else None
+        database = f", database {idle_db:.1f}% of a core" if idle_db is not None else ""
+        print(
+            f"  idle pool: {idle['cpu']:.1f}% of a core for {workers} workers, "
+            f"{idle['rss'] / 2**20:.0f} MiB RSS{database}"
+        )
+        for calls in steps:
+            step = measure_step(pool, calls, args.hold, work, idle, db_pids)
+            results.append(step)
+            database = f", database {step.db_cpu:.0f}% of a core" if step.db_cpu is not None else ""
+            print(
+                f"  step {calls:>3}: held {step.held}, machine {step.machine_busy:.0f}% busy "
+                f"(pool {step.pool_busy:.0f}%), "
+                f"workers {step.cpu_total:.0f}% of a core, "
+                f"{step.cpu_per_call:.2f}%/call, fps in/out {step.fps_in:.1f}/{step.fps_out:.1f} "
+                f"({step.frames_seen} calls reported), RTP out {step.wire_pps:.1f} pkt/s/call, "
+                f"RTP interval p99 {step.interval_p99_ms:.1f} ms, "
+                f"{step.rss_per_call_mb:.1f} MiB/call{database}",
+                flush=True,
+            )
+        if rates:
+            best_rate = rate_ramp(pool, rates, work)
+    finally:
+        pool.server.stop()
+    sessions = count_sessions(pool.store())
+    print(f"  sessions in the store after the run: {sessions} ({where})")
+    if store == "postgresql":
+        # A pool that ignored the URL would have written its embedded file instead.
+        stray = count_sessions(StoreLocation("", pool.server.data_dir / SQLITE_FILE))
+        if stray:
+            print(
+                f"  WARNING: {stray} sessions in the pool's SQLite file: it did not (only) "
+                "write to PostgreSQL; are VOICEGATE_STORAGE_URL and the runtime wired?"
+            )
+    return StoreRun(store, where, results, idle["cpu"], idle_db, best_rate, sessions)
+
+
+def print_results(run: StoreRun, args: argparse.Namespace, media: BridgeMedia) -> None:
+    print(
+        f"\nconcurrent calls with speech both ways (G.711 A-law caller, "
+        f"{media.clock_rate // 1000} kHz bridge, resample quality {media.quality}; "
+        f"pool: {args.media_port} media port, {args.tick_ms} ms audio tick; store: {run.store})"
+    )
+    print(
+        f"  {'calls':>5} {'held':>5} {'machine':>8} {'pool':>5} {'workers':>8} {'CPU/call':>9} "
+        f"{'C-only':>7} "
+        f"{'ratio':>6} "
+        f"{'fps in':>7} {'fps out':>8} {'wire':>6} {'p99 ms':>7} {'MiB/call':>9}"
+    )
+    for s in run.results:
+        base = f"{s.baseline_per_call:.2f}%" if s.baseline_per_call is not None else "-"
+        ratio = f"{s.cpu_per_call / s.baseline_per_call:.1f}x" if s.baseline_per_call else "-"
+        print(
+            f"  {s.calls:>5} {s.held:>5} {s.machine_busy:>7.0f}% {s.pool_busy:>4.0f}% "
+            f"{s.cpu_total:>7.0f}% "
+            f"{s.cpu_per_call:>8.2f}% {base:>7} "
+            f"{ratio:>6} {s.fps_in:>7.1f} {s.fps_out:>8.1f} {s.wire_pps:>6.1f} "
+            f"{s.interval_p99_ms:>7.1f} "
+            f"{s.rss_per_call_mb:>9.1f}"
+        )
+
+
+def print_side_by_side(runs: list[StoreRun]) -> None:
+    """Each figure of every store in one cell, ``sqlite / postgresql``."""
+
+    def with_db(run: StoreRun, s: Step) -> str:
+        if s.db_cpu is None or run.idle_db is None:
+            return f"{s.cpu_per_call:.2f}%"
+        return f"{s.cpu_per_call + (s.db_cpu - run.idle_db) / max(1, s.held):.2f}%"
+
+    columns: list[tuple[str, Callable[[StoreRun, Step], str]]] = [
+        ("held", lambda r, s: str(s.held)),
+        ("machine", lambda r, s: f"{s.machine_busy:.0f}%"),
+        ("pool", lambda r, s: f"{s.pool_busy:.0f}%"),
+        ("database", lambda r, s: "-" if s.db_cpu is None else f"{s.db_cpu:.0f}%"),
+        ("CPU/call", lambda r, s: f"{s.cpu_per_call:.2f}%"),
+        ("CPU/call+db", with_db),
+        ("fps in", lambda r, s: f"{s.fps_in:.1f}"),
+        ("fps out", lambda r, s: f"{s.fps_out:.1f}"),
+        ("p99 ms", lambda r, s: f"{s.interval_p99_ms:.1f}"),
+        ("MiB/call", lambda r, s: f"{s.rss_per_call_mb:.1f}"),
+    ]
+    calls = sorted({s.calls for run in runs for s in run.results})
+    header = ["calls", *(name for name, _ in columns)]
+    rows = []
+    for n in calls:
+        row = [str(n)]
+        for _, cell in columns:
+            values = []
+            for run in runs:
+                step = run.step(n)
+                values.append(cell(run, step) if step is not None else "-")
+            row.append(" / ".join(values))
+        rows.append(row)
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    print(f"\nby store: {' / '.join(run.store for run in runs)} (one after the other, same steps)")
+    for row in [header, *rows]:
+        print("  " + "  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)))
+    for run in runs:
+        rate = f"{run.best_rate}/s" if run.best_rate is not None else "not ramped"
+        print(
+            f"  {run.store}: highest set-up rate with every call answered {rate}; "
+            f"{run.sessions} sessions in the store ({run.where})"
+        )
+    print(
+        "  database: the PostgreSQL server's processes, % of one core (not in pool or workers);\n"
+        "  CPU/call+db: CPU/call plus the database's CPU above its idle, per call held."
+    )
 
 
 def main() -> int:
@@ -530,81 +792,46 @@ def main() -> int:
         help="the demo agent with speech (agent.speech): every caller's audio is recognised; "
         "without it the demo takes no audio, the agent the capacity targets are for",
     )  # fmt: skip
+    parser.add_argument(
+        "--store", choices=(*STORES, "both"), default="sqlite",
+        help="the session store the pool writes: the embedded SQLite file (default), a "
+        "throw-away PostgreSQL cluster (tests/pg_cluster.py), or both, one after the other",
+    )  # fmt: skip
     parser.add_argument("--work", help="keep logs and captures here (default: a temp dir)")
     args = parser.parse_args()
     steps = [int(x) for x in args.steps.split(",")]
-    rates = [int(x) for x in args.rates.split(",") if x]
+    stores = list(STORES) if args.store == "both" else [args.store]
     work = Path(args.work or tempfile.mkdtemp(prefix="voicegate-capacity-"))
     work.mkdir(parents=True, exist_ok=True)
-    workers = math.ceil(max(steps) / 4)
+    workers = pool_workers(max(steps))
     print(
         f"voicegate capacity: {workers} workers x 4 calls behind Kamailio, {os.cpu_count()} cores"
     )
     print(f"  work dir: {work}")
     print(f"  agent: the demo {'with speech' if args.speech else 'without speech (no audio)'}")
     media = BridgeMedia(args.resample_quality, args.clock_rate)
-    settings = {
-        "VOICEGATE_MEDIA_PORT": args.media_port,
-        "VOICEGATE_AUDIO_TICK_MS": str(args.tick_ms),
-        "VOICEGATE_AGENT_SPEECH": "true" if args.speech else "false",
-    }
-    pool = Pool(work, workers, media, settings)
-    pool.start()
-    results: list[Step] = []
-    try:
-        time.sleep(3)
-        pids = pool.worker_pids()
-        window = CpuWindow(pids)
-        time.sleep(5)
-        idle = {"cpu": window.percent(), "rss": float(sum(rss_bytes(p) for p in pids))}
-        print(
-            f"  idle pool: {idle['cpu']:.1f}% of a core for {workers} workers, "
-            f"{idle['rss'] / 2**20:.0f} MiB RSS"
-        )
-        for calls in steps:
-            step = measure_step(pool, calls, args.hold, work, idle)
-            results.append(step)
-            print(
-                f"  step {calls:>3}: held {step.held}, machine {step.machine_busy:.0f}% busy "
-                f"(pool {step.pool_busy:.0f}%), "
-                f"workers {step.cpu_total:.0f}% of a core, "
-                f"{step.cpu_per_call:.2f}%/call, fps in/out {step.fps_in:.1f}/{step.fps_out:.1f} "
-                f"({step.frames_seen} calls reported), RTP out {step.wire_pps:.1f} pkt/s/call, "
-                f"RTP interval p99 {step.interval_p99_ms:.1f} ms, "
-                f"{step.rss_per_call_mb:.1f} MiB/call",
-                flush=True,
-            )
-        if rates:
-            rate_ramp(pool, rates, work)
-    finally:
-        pool.server.stop()
-    if not args.no_baseline and results:
+    runs: list[StoreRun] = []
+    with contextlib.ExitStack() as stack:
+        cluster = stack.enter_context(running_cluster()) if "postgresql" in stores else None
+        if cluster is not None:
+            print(f"  PostgreSQL: throw-away cluster on port {cluster.port} ({cluster.directory})")
+        for store in stores:
+            # One store alone keeps the work dir's layout of before; several get one dir each.
+            store_work = work if len(stores) == 1 else work / store
+            if len(stores) > 1:
+                print(f"\n{store}:")
+            runs.append(run_pool(store, args, store_work, workers, media, cluster))
+    if not args.no_baseline and runs[0].results:
         # The comparison means something where the pool held every call of the step.
-        full = [s for s in results if s.held == s.calls] or results
+        full = [s for s in runs[0].results if s.held == s.calls] or runs[0].results
         top = max(full, key=lambda s: s.calls)
-        top.baseline_per_call = baseline_per_call(top.calls, args.hold, work, media)
-    print(
-        f"\nconcurrent calls with speech both ways (G.711 A-law caller, "
-        f"{media.clock_rate // 1000} kHz bridge, resample quality {media.quality}; "
-        f"pool: {args.media_port} media port, {args.tick_ms} ms audio tick)"
-    )
-    print(
-        f"  {'calls':>5} {'held':>5} {'machine':>8} {'pool':>5} {'workers':>8} {'CPU/call':>9} "
-        f"{'C-only':>7} "
-        f"{'ratio':>6} "
-        f"{'fps in':>7} {'fps out':>8} {'wire':>6} {'p99 ms':>7} {'MiB/call':>9}"
-    )
-    for s in results:
-        base = f"{s.baseline_per_call:.2f}%" if s.baseline_per_call is not None else "-"
-        ratio = f"{s.cpu_per_call / s.baseline_per_call:.1f}x" if s.baseline_per_call else "-"
-        print(
-            f"  {s.calls:>5} {s.held:>5} {s.machine_busy:>7.0f}% {s.pool_busy:>4.0f}% "
-            f"{s.cpu_total:>7.0f}% "
-            f"{s.cpu_per_call:>8.2f}% {base:>7} "
-            f"{ratio:>6} {s.fps_in:>7.1f} {s.fps_out:>8.1f} {s.wire_pps:>6.1f} "
-            f"{s.interval_p99_ms:>7.1f} "
-            f"{s.rss_per_call_mb:>9.1f}"
-        )
+        per_call = baseline_per_call(top.calls, args.hold, work, media)
+        for run in runs:
+            step = run.step(top.calls)
+            if step is not None:
+                step.baseline_per_call = per_call
+    for run in runs:
+        print_results(run, args, media)
     print(
         "  machine: busy share of all cores, SIPp, tcpdump and this script included.\n"
         "  pool: share of all cores taken by the pool's own processes (supervisor, workers,\n"
@@ -614,6 +841,8 @@ def main() -> int:
         "  wire: RTP packets per second each call sent its caller.\n"
         "  targets (issue 7): 100 calls under 75% machine, 50.0 fps, CPU/call <= 2x C-only."
     )
+    if args.store != "sqlite":
+        print_side_by_side(runs)
     return 0
 
 

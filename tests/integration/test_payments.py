@@ -4,6 +4,7 @@ each on the embedded SQLite store and on the shared PostgreSQL one."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,12 @@ def server_factory(
     """Every payment test on both stores: the shared one keeps the same promises."""
     if request.param == "sqlite":
         return server_factory
-    url = request.getfixturevalue("pg_url")
+    # A database of the process's cluster that outlives the servers (pg_url would be dropped
+    # before server_factory stops them and checks what they left in the store).
+    cluster = request.getfixturevalue("pg_cluster")
+    database = f"payments_{uuid.uuid4().hex[:12]}"
+    cluster.create_database(database)
+    url = cluster.url(database)
 
     def on_postgres(name: str = "server", wait_ready: bool = True, **env: str) -> Server:
         return server_factory(name, wait_ready, **{"VOICEGATE_STORAGE_URL": url, **env})
