@@ -105,8 +105,10 @@ class Metrics:
         # The session store (docs/storage.md): whether it answers, and what its outages cost.
         self.store_up = Gauge(
             "voicegate_store_up",
-            "1 while the session store answers; 0 while it does not (new calls get 503)",
+            "1 while the session store answers; 0 while it does not (new calls get 503); in a "
+            "pool, 0 if any worker's store does not answer",
             registry=r,
+            multiprocess_mode="livemin",
         )
         self.store_outages = Counter(
             "voicegate_store_outages_total",
