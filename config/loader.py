@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -190,13 +191,14 @@ def _shown(dotted: str, value: object) -> str:
     """How a value appears in a message: a secret's never does (STYLE.md habit 10)."""
     if dotted.rsplit(".", 1)[-1] in _SECRET_KEYS and value:
         return "<redacted>"
-    if isinstance(value, str) and "://" in value and "@" in value:
+    if isinstance(value, str) and "://" in value:
         return repr(_without_password(value))
     return repr(value)
 
 
 def _without_password(url: str) -> str:
-    # A URL's password (storage.url) is a secret: "scheme://user:***@host".
+    # A URL's password (storage.url) is a secret: "scheme://user:***@host", "?password=***".
+    url = re.sub(r"([?&]password=)[^&#]*", r"\1***", url, flags=re.IGNORECASE)
     scheme, sep, rest = url.partition("://")
     userinfo, at, host = rest.rpartition("@")
     if not at or ":" not in userinfo.split("/")[0]:

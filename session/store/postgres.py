@@ -91,13 +91,20 @@ _BACKOFF_S = (0.05, 0.1, 0.2, 0.5, 1.0)
 
 
 def redact(url: str) -> str:
-    """``url`` without its password, for messages and logs."""
+    """``url`` without its password (in the user part or a ``password=`` parameter), for
+    messages and logs."""
     try:
         parts = urlsplit(url)
     except ValueError:
         return "postgresql://(unparseable URL)"
+    if parts.query:
+        query = "&".join(
+            f"{name}=***" if name.lower() == "password" else f"{name}{eq}{value}"
+            for name, eq, value in (p.partition("=") for p in parts.query.split("&"))
+        )
+        parts = parts._replace(query=query)
     if parts.password is None:
-        return url
+        return urlunsplit(parts)
     host = parts.hostname or ""
     if ":" in host:
         host = f"[{host}]"

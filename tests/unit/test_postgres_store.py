@@ -248,10 +248,18 @@ def test_every_connection_commits_synchronously(pg_url: str) -> None:
 def test_a_password_never_reaches_a_message() -> None:
     url = "postgresql://voicegate:s3cret-pw@127.0.0.1:1/vg"
     assert redact(url) == "postgresql://voicegate:***@127.0.0.1:1/vg"
+    in_query = "postgresql://127.0.0.1:1/vg?sslmode=disable&password=s3cret-pw"
+    assert redact(in_query) == "postgresql://127.0.0.1:1/vg?sslmode=disable&password=***"
     with pytest.raises(StoreUnavailable) as refused:
         PostgresSessionStore(url, connect_timeout_s=1)
     assert "s3cret-pw" not in str(refused.value)
     assert "voicegate:***@127.0.0.1:1" in str(refused.value)
+    # And a config error about the URL shows it without the password either.
+    from config import ConfigError, load_settings
+
+    with pytest.raises(ConfigError) as bad:
+        load_settings(environ={"VOICEGATE_STORAGE_URL": "postgresql://u:s3cret-pw@/nodb"})
+    assert "s3cret-pw" not in str(bad.value) and "storage.url" in str(bad.value)
 
 
 def test_both_backends_keep_the_same_columns() -> None:

@@ -13,8 +13,9 @@ caller hears, seed 004's ladder of honesty for a phone:
   finalises the session from what is durable (``failed``, stage ``process``), and every tool
   intent stays to be reconciled by key, never sent again.
 
-A call with no step waiting (a caller listening to a long answer) is not interrupted: it is
-not held up by the store yet.
+"Waiting" counts the call's heartbeat too (voicegate/call/live_call.py), so within
+``session.heartbeat_s`` of an outage every live call is on the ladder: a call that cannot record
+that it is alive cannot record how it ends either.
 """
 
 from __future__ import annotations
