@@ -29,6 +29,8 @@ class ToolSettings:
     status_endpoint: str
     timeout_s: float
     approval: str
+    # How long a caller's approval holds for a write held by an interruption (session/ledger.py).
+    approval_valid_s: float = 300.0
 
     def status_url(self, key: str) -> str:
         return self.status_endpoint.replace("{key}", quote(key, safe=""))
@@ -53,6 +55,9 @@ KEY_DOCS = {
     "timeout_s": "seconds to wait for the response before the outcome counts as unknown",
     "approval": "none; dtmf: the caller confirms by key press before a write runs; caller: by "
     "key press or by voice (a spoken yes the session logs as caller_said, the demo agent)",
+    "approval_valid_s": "seconds a write's approval (the caller's yes, or the agent's ask when "
+    "approval is none) holds: a write held by an interruption is sent after the call recovers "
+    "only within them, else it ends not_started and the caller is told",
     "enabled": "false removes the tool (also the built-in charge tool)",
 }
 
@@ -74,6 +79,14 @@ def _coerce(key: str, raw: object, from_env: bool) -> object:
         if not isinstance(raw, str) or raw.lower() not in allowed:
             raise ValueError(f"expected one of {', '.join(allowed)}")
         return raw.lower()
+    if key == "approval_valid_s":
+        try:
+            number = float(raw) if from_env or isinstance(raw, int | float) else None  # type: ignore[arg-type]
+        except ValueError:
+            number = None
+        if number is None or isinstance(raw, bool) or not 1 <= number <= 86400:
+            raise ValueError("expected a number from 1 to 86400")
+        return number
     if key == "timeout_s":
         try:
             value = float(raw) if from_env or isinstance(raw, int | float) else None  # type: ignore[arg-type]
@@ -161,6 +174,7 @@ def load_tools(
                 status_endpoint=values.get("status_endpoint", ""),
                 timeout_s=values.get("timeout_s", 5.0),
                 approval=values.get("approval", "none"),
+                approval_valid_s=values.get("approval_valid_s", 300.0),
             )
         )
     return tuple(tools), problems

@@ -114,6 +114,17 @@ class SendToolRequest(Effect):
 
 
 @dataclass(frozen=True, slots=True)
+class SettleUnsent(Effect):
+    """Record that the intent ``key`` was never sent (a ``not_started`` receipt saying
+    ``reason``), then feed the session that receipt: it is known unsent, so no provider is
+    asked about it (session/ledger.py)."""
+
+    kind: ClassVar[str] = "settle_unsent"
+    key: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class CancelToolCalls(Effect):
     """Abandon in-flight tool requests; their intents stay outstanding for reconciliation."""
 
@@ -192,6 +203,7 @@ AnyEffect = (
     | CancelTimer
     | Reconcile
     | SendToolRequest
+    | SettleUnsent
     | CancelToolCalls
     | PersistOutstanding
     | Say

@@ -338,6 +338,9 @@ class ToolIntent(Event):
     # The event log is the truth for tools (seed 000): the arguments travel in the event that
     # creates the intent, so a crash before the intent row loses nothing.
     arguments: Mapping[str, Any] = field(default_factory=dict)
+    # How long the approval it was admitted under holds, from this event (session/ledger.py):
+    # a held intent is sent after that only on a new approval. None: no approval to lapse.
+    approval_valid_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -354,6 +357,17 @@ class ToolReceipt(Event):
     key: str = ""
     outcome: str = "committed"
     detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolReceiptConflicted(Event):
+    """A provider's answer for ``key`` contradicts the receipt already stored (seed 000's
+    "conflicting receipt"): nobody can say what happened, so a person must."""
+
+    type: ClassVar[str] = "tool_receipt_conflicted"
+    key: str = ""
+    stored: str = ""  # the outcome on record
+    offered: str = ""  # the outcome that contradicts it
 
 
 @dataclass(frozen=True, slots=True)
@@ -474,6 +488,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         ToolIntent,
         ToolRequestSent,
         ToolReceipt,
+        ToolReceiptConflicted,
         ApprovalGiven,
         CallerSaid,
         DeadlineFired,

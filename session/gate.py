@@ -4,6 +4,9 @@
 ``reconciling`` (transport back, outstanding intents being queried) admit only status queries and
 reads; ``closed`` is for good (the session ended). The frozen time runs from the freeze through
 reconciliation, and each change is reported with it (a ``GateChanged`` effect).
+
+The gate moves the ledger's stages (session/ledger.py): leaving ``open`` holds every write
+admitted and not yet sent; reopening releases them (sent, or settled if their approval lapsed).
 """
 
 from __future__ import annotations
@@ -11,9 +14,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from session import effects as fx
+from session import ledger
 from session.errors import GateClosed
 from session.events import Event
-from session.state import Gate, SessionState
+from session.state import Gate, SessionState, Signaling
 
 _HELD = (Gate.FROZEN, Gate.RECONCILING)
 
@@ -33,18 +37,26 @@ def set_gate(state: SessionState, gate: Gate, now: float, out: fx.Effects) -> Se
     else:
         since = now
     out.append(fx.GateChanged(state.gate.value, gate.value, round(frozen_s, 6)))
-    return replace(state, gate=gate, gate_since=since)
+    outstanding = state.outstanding
+    if state.gate is Gate.OPEN:
+        outstanding = ledger.hold(outstanding)
+    elif gate is Gate.OPEN and state.signaling is not Signaling.GONE:
+        # Only for a caller still there: a session whose call is gone sends nothing more.
+        outstanding = ledger.release(outstanding, now, out)
+    return replace(state, gate=gate, gate_since=since, outstanding=outstanding)
 
 
 def reconcile(state: SessionState, now: float, out: fx.Effects) -> SessionState:
     """The transport is back: open the gate, or first ask about the outstanding intents."""
     if state.gate is Gate.CLOSED:
         return state
-    if not state.outstanding:
+    keys = ledger.to_query(state.outstanding)
+    if not keys:
         # Seed 000: no outstanding calls -> open the gate (the old response stays cancelled).
+        # Held intents are not outstanding calls: they never left, and go now.
         return set_gate(state, Gate.OPEN, now, out)
     state = set_gate(state, Gate.RECONCILING, now, out)
-    out.append(fx.Reconcile(state.outstanding_keys()))
+    out.append(fx.Reconcile(keys))
     return state
 
 

@@ -34,12 +34,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
-from session import away, bridge, callback, ending, legs
+from session import away, bridge, callback, ending, ledger, legs
 from session import effects as fx
 from session import events as ev
 from session.deadlines import Timer, arm, arm_no_input, drop, drop_all, forget
 from session.errors import GateClosed, IllegalTransition, SessionTerminated
-from session.gate import reconcile, require_open, set_gate
+from session.gate import require_open, set_gate
 from session.playback import bump_generation, cut_playback, end_response
 from session.recovery import (
     dialog_gone,
@@ -400,6 +400,7 @@ def _on_tool_intent(state: SessionState, event: ev.ToolIntent, now: float) -> Re
         event.digest,
         event.turn_id,
         arguments=dict(event.arguments),
+        valid_until=None if event.approval_valid_s is None else now + event.approval_valid_s,
     )
     out: Effects = [fx.SendToolRequest(event.key)]
     return replace(state, outstanding=(*state.outstanding, intent)), out
@@ -407,6 +408,9 @@ def _on_tool_intent(state: SessionState, event: ev.ToolIntent, now: float) -> Re
 
 def _on_tool_request_sent(state: SessionState, event: ev.ToolRequestSent, now: float) -> Result:
     intent = _find(state, event.key)
+    if intent is not None and intent.stage is IntentStage.HELD:
+        # Admitted before the gate froze: it goes when the gate reopens (session/ledger.py).
+        raise GateClosed(state, event, f"intent {event.key} is held while the gate is not open")
     if intent is None or intent.stage is not IntentStage.INTENDED:
         raise IllegalTransition(state, event, f"intent {event.key} is not waiting to be sent")
     if state.gate is not Gate.OPEN and intent.kind is IntentKind.WRITE:
@@ -424,28 +428,54 @@ def _on_tool_receipt(state: SessionState, event: ev.ToolReceipt, now: float) -> 
         )
     if _find(state, event.key) is None:
         raise IllegalTransition(state, event, f"intent {event.key} is not outstanding")
-    out: Effects = []
-    if event.outcome == Outcome.UNKNOWN:
-        # Never assume: an unknown outcome keeps the intent and stops automatic continuation.
-        updated = tuple(
-            replace(o, stage=IntentStage.UNKNOWN) if o.key == event.key else o
-            for o in state.outstanding
+    return _settle(state, event.key, ledger.evidence_of(event.outcome, event.detail), now, [])
+
+
+def _on_tool_receipt_conflicted(
+    state: SessionState, event: ev.ToolReceiptConflicted, now: float
+) -> Result:
+    if _find(state, event.key) is None:
+        raise IllegalTransition(state, event, f"intent {event.key} is not outstanding")
+    out: Effects = [
+        fx.NotifyAgent(
+            "tool_receipt_conflict", f"{event.key} {event.offered} (stored {event.stored})"
         )
-        state = replace(state, outstanding=updated)
+    ]
+    return _settle(state, event.key, ledger.Evidence.CONFLICTING_RECEIPT, now, out)
+
+
+def _settle(
+    state: SessionState, key: str, evidence: ledger.Evidence, now: float, out: Effects
+) -> Result:
+    """Apply seed 000's row for what reconciliation learned of ``key`` (session/ledger.py)."""
+    row = ledger.RECONCILIATION[evidence]
+    if row.ends is not None:
+        # Never assume: the intent stays outstanding and automatic continuation stops.
+        if row.receipt is Outcome.UNKNOWN:
+            state = replace(
+                state,
+                outstanding=tuple(
+                    replace(o, stage=IntentStage.UNKNOWN) if o.key == key else o
+                    for o in state.outstanding
+                ),
+            )
+        if state.terminal:
+            return state, out
         return ending.terminate(
             state,
-            Terminal.NEEDS_HUMAN,
+            row.ends,
             ending.unknown_outcomes(state),
-            EndingStage.RECONCILIATION,
+            row.stage,
             now,
             out,
             caller_present=_caller_present(state),
-            say="outcome_unknown",
+            say=row.say,
         ), out
-    remaining = tuple(o for o in state.outstanding if o.key != event.key)
+    remaining = tuple(o for o in state.outstanding if o.key != key)
     state = replace(state, outstanding=remaining)
-    out.append(fx.NotifyAgent("tool_receipt", f"{event.key} {event.outcome}"))
-    if state.gate is Gate.RECONCILING and not remaining:
+    outcome = row.receipt.value if row.receipt is not None else ""
+    out.append(fx.NotifyAgent("tool_receipt", f"{key} {outcome}"))
+    if state.gate is Gate.RECONCILING and not ledger.to_query(remaining):
         state = set_gate(state, Gate.OPEN, now, out)
     return state, out
 
@@ -622,8 +652,14 @@ def _on_owner_lost(state: SessionState, event: ev.OwnerLost, now: float) -> Resu
         agent_link=AgentLink.CLOSED,
     )
     if state.gate is not Gate.CLOSED:
+        # Nothing is sent for a call that is gone: what never left is settled as never sent,
+        # what may have reached a provider is asked about (session/ledger.py).
         state = set_gate(state, Gate.FROZEN, now, out)
-        state = reconcile(state, now, out)
+        query, unsent = ledger.settle_plan(state.outstanding)
+        out.extend(fx.SettleUnsent(key, ledger.NEVER_SENT) for key in unsent)
+        if query:
+            state = set_gate(state, Gate.RECONCILING, now, out)
+            out.append(fx.Reconcile(query))
     return state, out
 
 
@@ -746,6 +782,7 @@ TRANSITIONS: Mapping[type[ev.Event], Rule[Any]] = {rule.event: rule for rule in 
     Rule(ev.ToolIntent, CALL_UP, _on_tool_intent, _NOT_UP),
     Rule(ev.ToolRequestSent, AFTER_OFFER, _on_tool_request_sent),
     Rule(ev.ToolReceipt, AFTER_OFFER, _on_tool_receipt),
+    Rule(ev.ToolReceiptConflicted, AFTER_OFFER, _on_tool_receipt_conflicted),
     Rule(ev.ApprovalGiven, CALL_UP, _on_approval_given, _NOT_UP),
     Rule(ev.CallerSaid, CALL_UP, _on_caller_said, Ignore("the call is not up")),
     # time and people

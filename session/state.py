@@ -130,6 +130,15 @@ class Outstanding:
     # The request's arguments as the intent event logged them: a restart reconciles (and an
     # operator reads) the real request, not a copy that lived only in memory.
     arguments: Mapping[str, Any] = field(default_factory=dict)
+    # Session time until which the caller's approval holds (None: the tool needs none, or the
+    # intent predates the setting): a held intent is sent after it only if it is still valid.
+    valid_until: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        if self.valid_until is None:
+            del data["valid_until"]  # as intents were stored before approvals could lapse
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Outstanding:
@@ -272,7 +281,7 @@ class SessionState:
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["acceptable_terminal_states"] = list(self.acceptable_terminal_states())
-        data["outstanding"] = [dataclasses.asdict(o) for o in self.outstanding]
+        data["outstanding"] = [o.to_dict() for o in self.outstanding]
         data["deadlines"] = {k: dataclasses.asdict(v) for k, v in sorted(self.deadlines.items())}
         return data
 

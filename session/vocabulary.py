@@ -67,9 +67,13 @@ INTENT_KINDS: Final = tuple(k.value for k in IntentKind)
 
 
 class IntentStage(enum.StrEnum):
-    """How far an outstanding tool intent got (``Outstanding.stage``)."""
+    """How far an outstanding tool intent got (``Outstanding.stage``; session/ledger.py).
 
-    INTENDED = "intended"  # persisted, request not yet sent
+    An intent that ends (its receipt is recorded) leaves the session's outstanding intents:
+    "receipted" is not a stage of the state, it is the ``tool_receipt`` event."""
+
+    INTENDED = "intended"  # admitted and persisted; its request not sent yet (it will be)
+    HELD = "held"  # admitted while the gate was open, unsent when it froze: sent when it reopens
     SENT = "sent"  # on the wire: cancelled, never resent, when the session is cut
     UNKNOWN = "unknown"  # its receipt came back unknown
 

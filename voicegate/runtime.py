@@ -217,6 +217,7 @@ class Runtime:
         # increase sees it (a series born at 1 has no increase to Prometheus).
         for name in self.tools:
             self.metrics.tool_sends_repeated.labels(name)
+            self.metrics.tool_receipt_conflicts.labels(name)
             self.metrics.tool_duplicates_prevented.labels(name)
             for outcome in (*RECEIPT_OUTCOMES, "refused"):
                 self.metrics.tool_calls.labels(name, outcome)

@@ -11,7 +11,8 @@ Keys: 1 pays 5.00 through the charge tool, 5 plays an 8 s tone, 9 says goodbye a
 asks voicegate to transfer the caller (to transfer.default_target), any other key is read back.
 An attended transfer's person hears why (``consult.say``) once ``consult.event{answered}`` comes.
 ``POST /admin/drop`` closes every live socket (try a resume by hand); ``?keep_streaming=1`` also
-keeps streaming the cut response after the resume, to show that voicegate drops it; ``?down_s=4``
+keeps streaming the cut response after the resume, to show that voicegate drops it;
+``?after_tool_call=1`` drops the link right after the next ``tool.call`` is sent; ``?down_s=4``
 refuses new sockets for 4 s (hear voicegate's "reconnecting" line and hold audio).
 """
 
@@ -149,6 +150,9 @@ class Agent:
         self.secret, self.audience = secret, audience
         self.sessions: dict[str, Session] = {}
         self.down_until = 0.0  # /admin/drop?down_s=N: refuse sockets (503) until then
+        # /admin/drop?after_tool_call=1: the next tool.call is sent, then the socket drops at
+        # once (and stays down for down_s): a link lost right after a tool call.
+        self.drop_after_tool_call: float | None = None
 
     async def socket(self, request: web.Request) -> web.StreamResponse:
         auth = request.headers.get("Authorization", "")
@@ -226,6 +230,11 @@ class Agent:
     async def pay(self, s: Session, call_id: str) -> None:
         args = {"amount_cents": 500, "currency": "EUR", "account": f"example-{s.sid[:8]}"}
         await s.send({"type": "tool.call", "call_id": call_id, "tool": "charge", "arguments": args})
+        if self.drop_after_tool_call is not None and s.ws is not None:
+            self.down_until = time.monotonic() + self.drop_after_tool_call
+            self.drop_after_tool_call = None
+            log.info("admin.drop_after_tool_call %s", call_id)
+            await s.ws.close()
 
     async def handle(self, s: Session, m: dict[str, Any]) -> None:
         s.unacked = [u for u in s.unacked if u["seq"] > m["ack"]]
@@ -280,7 +289,11 @@ class Agent:
 
     async def drop(self, request: web.Request) -> web.Response:
         keep = request.query.get("keep_streaming") == "1"
-        self.down_until = time.monotonic() + float(request.query.get("down_s", "0"))
+        down_s = float(request.query.get("down_s", "0"))
+        if request.query.get("after_tool_call") == "1":
+            self.drop_after_tool_call = down_s
+            return web.json_response({"dropped": 0, "armed": True})
+        self.down_until = time.monotonic() + down_s
         dropped = 0
         for s in self.sessions.values():
             s.keep_streaming = keep

@@ -195,12 +195,17 @@ class SessionFinished(StoreError):
 
 
 class IdempotencyConflict(StoreError):
-    """The key is already used by a different intent, or a receipt contradicts the stored one."""
+    """The key is already used by a different intent, or a receipt contradicts the stored one
+    (then ``stored`` and ``offered`` are the two outcomes)."""
 
-    def __init__(self, key: str, reason: str) -> None:
+    def __init__(
+        self, key: str, reason: str, *, stored: str | None = None, offered: str | None = None
+    ) -> None:
         super().__init__(f"idempotency key {key!r}: {reason}")
         self.key = key
         self.reason = reason
+        self.stored = stored
+        self.offered = offered
 
 
 class UnknownIntent(StoreError):

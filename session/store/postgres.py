@@ -659,7 +659,10 @@ class PostgresSessionStore:
                 # 'unknown' is no outcome yet (seed 000): a later status query may settle it.
                 if stored.outcome != "unknown":
                     raise IdempotencyConflict(
-                        key, f"conflicting receipt: {receipt.outcome!r}, stored {stored.outcome!r}"
+                        key,
+                        f"conflicting receipt: {receipt.outcome!r}, stored {stored.outcome!r}",
+                        stored=stored.outcome,
+                        offered=receipt.outcome,
                     )
             cur.execute(
                 _insert("tool_receipts", ToolReceipt) + " ON CONFLICT (idempotency_key) DO UPDATE"

@@ -413,7 +413,10 @@ class SqliteSessionStore(ResumeHandlesSql):
                 # 'unknown' is no outcome yet (seed 000): a later status query may settle it.
                 if stored.outcome != "unknown":
                     raise IdempotencyConflict(
-                        key, f"conflicting receipt: {receipt.outcome!r}, stored {stored.outcome!r}"
+                        key,
+                        f"conflicting receipt: {receipt.outcome!r}, stored {stored.outcome!r}",
+                        stored=stored.outcome,
+                        offered=receipt.outcome,
                     )
             self._db.execute(_insert("tool_receipts", ToolReceipt, "INSERT OR REPLACE"), params)
         return _record(ToolReceipt, builtins.list(params.values()))

@@ -26,6 +26,7 @@ EXPECTED_ACTION = {
     fx.CancelTimer: "cancel_timer",
     fx.Reconcile: "reconcile",
     fx.SendToolRequest: "send_tool_request",
+    fx.SettleUnsent: "settle_unsent",
     fx.CancelToolCalls: "cancel_tool_calls",
     fx.PersistOutstanding: "persist_outstanding",
     fx.Say: "say",

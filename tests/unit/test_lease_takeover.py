@@ -23,6 +23,7 @@ from config.tools import ToolSettings
 from session import effects as fx
 from session import events as sev
 from session.durable import DurableSession
+from session.ledger import NEVER_SENT
 from session.reaper import reap_predecessors
 from session.store import Lease, LeaseLost, SessionStore, ToolIntent, ToolReceipt
 from session.store.sqlite import SqliteSessionStore
@@ -59,8 +60,11 @@ def rival(tmp_path: Path) -> Iterator[SqliteSessionStore]:
 # ---- start-up reconciliation ----------------------------------------------------------------
 
 
-def _crashed_mid_tool_call(store: SqliteSessionStore, receipt: str | None) -> DurableSession:
-    """A predecessor's session that died with intent k1 sent (and maybe its receipt stored)."""
+def _crashed_mid_tool_call(
+    store: SqliteSessionStore, receipt: str | None, *, sent: bool = True
+) -> DurableSession:
+    """A predecessor's session that died with intent k1 sent (and maybe its receipt stored),
+    or only admitted (``sent`` False: it never left)."""
     session, _ = DurableSession.create(
         store, "s1", owner=DEAD, meta={}, offered=sev.CallOffered(), now=100.0
     )
@@ -69,6 +73,8 @@ def _crashed_mid_tool_call(store: SqliteSessionStore, receipt: str | None) -> Du
     session.apply(sev.TurnCommitted("t1"), 102.1)
     session.apply(sev.ToolIntent("k1", "charge", "write", "d1", "t1"), 102.2)
     store.record_intent(ToolIntent("k1", "s1", "t1", "charge", "write", "d1", {}, 102.2))
+    if sent:
+        session.apply(sev.ToolRequestSent("k1"), 102.25)
     if receipt is not None:
         store.record_receipt(ToolReceipt("k1", receipt, {}, 102.3))
     return session
@@ -134,6 +140,23 @@ async def test_reconciliation_takes_the_lease_then_the_reaper_takes_it_from_ther
     summary = store.get("s1")
     assert summary is not None
     assert (summary.owner, summary.lease_epoch, summary.terminal_state) == (ME, 3, "failed")
+
+
+async def test_an_intent_that_never_left_is_settled_unsent_without_asking_anyone(
+    store: SqliteSessionStore,
+) -> None:
+    _crashed_mid_tool_call(store, receipt=None, sent=False)
+    client = _Client(ToolOutcome("committed"))
+
+    assert await _settle(store, client) == (1, ["not_started"])
+    # Known unsent: a status query would fence the key for nothing (session/ledger.py).
+    assert client.asked == []
+    receipt = store.receipt("k1")
+    assert receipt is not None and receipt.outcome == "not_started"
+    assert receipt.detail["reason"] == NEVER_SENT and receipt.detail["via"] == "ledger"
+    owner_lost = next(r for r in store.events("s1") if r.type == "owner_lost")
+    assert {"kind": "settle_unsent", "key": "k1", "reason": NEVER_SENT} in owner_lost.effects
+    assert [r.type for r in store.events("s1")][-1] == "tool_receipt"
 
 
 async def test_reconciliation_leaves_a_session_taken_over_meanwhile_to_its_new_owner(

@@ -103,7 +103,11 @@ def test_nothing_of_a_dialog_applies_while_away() -> None:
 
 
 def test_a_reused_handle_freezes_writes_until_reconciled() -> None:
-    state = _fold(_up(), (ev.ToolIntent("k1", "pay", "write", "d", "t1"), 2.0))
+    state = _fold(
+        _up(),
+        (ev.ToolIntent("k1", "pay", "write", "d", "t1"), 2.0),
+        (ev.ToolRequestSent("k1"), 2.1),
+    )
     state, effects = step(state, ev.ResumeReused(), 3.0)
     assert state.gate is Gate.RECONCILING and fx.Reconcile(("k1",)) in effects
     with pytest.raises(IllegalTransition):

@@ -37,6 +37,7 @@ from session.state import (
     Signaling,
     Turn,
 )
+from session.vocabulary import IntentStage
 
 SID = "sess-1"
 POLICY: dict[str, float] = {
@@ -274,14 +275,15 @@ def test_an_interruption_abandons_in_flight_tool_requests_but_keeps_their_intent
     state = with_sent_write(answered())
     state, _ = run(state, [(ev.ToolIntent("k2", "book", "write", "d2", "t1"), 6.0)])
     after, effects = step(state, ev.MediaLost(), T_LOST)
-    # k1 was sent (in flight); k2 was only intended.
+    # k1 was sent (in flight); k2 was only admitted: it is held, to go when the gate reopens.
     assert effects[:3] == [
         fx.ClearPlayout(1),
         fx.GateChanged("open", "frozen", 0.0),
         fx.CancelToolCalls(("k1",)),
     ]
     assert isinstance(effects[3], fx.StartRecovery)
-    assert after.outstanding == state.outstanding
+    k1, k2 = state.outstanding
+    assert after.outstanding == (k1, replace(k2, stage=IntentStage.HELD))
 
 
 def test_a_second_interruption_joins_the_running_recovery() -> None:
@@ -857,6 +859,7 @@ SAMPLES: list[ev.Event] = [
     ev.ToolIntent("k1", "book", "read", "abc", "t1"),
     ev.ToolRequestSent("k1"),
     ev.ToolReceipt("k1", "failed", "card declined"),
+    ev.ToolReceiptConflicted("k1", "committed", "failed"),
     ev.ApprovalGiven("a1"),
     ev.CallerSaid("fifty nine cents", "amount", 0.62, "accepted"),
     ev.DeadlineFired("honesty", 2),

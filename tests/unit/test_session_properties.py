@@ -173,6 +173,7 @@ def blind_strategies(generation: int, current_attempt: int) -> EventStrategies:
             kind=st.sampled_from(["write", "read", "delete"]),
             digest=st.just("d"),
             turn_id=turn_ids,
+            approval_valid_s=st.sampled_from([None, 0.5, 300.0]),
         ),
         ev.ToolRequestSent: st.builds(ev.ToolRequestSent, key=keys),
         ev.ApprovalGiven: st.builds(ev.ApprovalGiven, approval_id=st.sampled_from(APPROVALS)),
@@ -237,6 +238,12 @@ ENDING_STRATEGIES: EventStrategies = {
     ),
     ev.ToolReceipt: st.builds(
         ev.ToolReceipt, key=st.sampled_from(KEYS), outcome=st.just("unknown")
+    ),
+    ev.ToolReceiptConflicted: st.builds(
+        ev.ToolReceiptConflicted,
+        key=st.sampled_from(KEYS),
+        stored=st.just("committed"),
+        offered=st.sampled_from(["failed", "not_started"]),
     ),
     ev.OperatorResolution: st.builds(
         ev.OperatorResolution,

@@ -11,7 +11,7 @@ import logging
 from collections.abc import Callable
 
 from agents.base import GateChange
-from session.vocabulary import Interruption
+from session.vocabulary import IntentStage, Interruption
 from telephony import events as ev
 from voicegate.call.call_state import CallPhase, CallState
 from voicegate.call.clock import SessionClock
@@ -152,8 +152,12 @@ class CallActions:
 
     def send_tool_request(self, key: str) -> None:
         intent = self._state.outstanding(key)
-        if intent is not None:
+        if intent is not None and intent.stage is IntentStage.INTENDED:
+            # A held one waits for the gate (session/ledger.py): the gate's release sends it.
             self._tools.send(intent, self._tools.persist_intent(intent))
+
+    def settle_unsent(self, key: str, reason: str) -> None:
+        self._tools.settle_unsent(key, reason)
 
     def cancel_tool_calls(self, keys: tuple[str, ...]) -> None:
         self._tools.cancel(keys)

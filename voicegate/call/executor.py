@@ -45,6 +45,8 @@ class EffectTarget(Protocol):
 
     def send_tool_request(self, key: str) -> None: ...
 
+    def settle_unsent(self, key: str, reason: str) -> None: ...
+
     def cancel_tool_calls(self, keys: tuple[str, ...]) -> None: ...
 
     def persist_outstanding(self, keys: tuple[str, ...]) -> None: ...
@@ -124,6 +126,8 @@ def execute_one(
             target.reconcile(keys)
         case fx.SendToolRequest(key=key):
             target.send_tool_request(key)
+        case fx.SettleUnsent(key=key, reason=reason):
+            target.settle_unsent(key, reason)
         case fx.CancelToolCalls(keys=keys):
             target.cancel_tool_calls(keys)
         case fx.PersistOutstanding(keys=keys):

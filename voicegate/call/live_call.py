@@ -361,6 +361,8 @@ class LiveCall:
         session = rejoin.session
         assert session is not None and session.lease is not None
         self._state.session = session
+        # What the session settled before: asking for one of those keys is a duplicate.
+        self.tools.remember(rejoin.results)
         generation = session.state.signaling_generation + 1
         via = self.offer.resume.via if self.offer.resume else ""
         caller = mask_uri(self.offer.remote_uri)

@@ -314,6 +314,13 @@ class Metrics:
             ["tool"],
             registry=r,
         )
+        self.tool_receipt_conflicts = Counter(
+            "voicegate_tool_receipt_conflicts_total",
+            "Receipts that contradict the one on record for their key (seed 000's conflicting "
+            "receipt): the session goes to needs_human, nobody picks one answer",
+            ["tool"],
+            registry=r,
+        )
         self.tool_sends_repeated = Counter(
             "voicegate_tool_sends_repeated_total",
             "Writes the provider answered as a replay of a key it had already executed "

@@ -1,22 +1,22 @@
-"""The write path of one call: intent, request, receipt, and reconciliation by status query.
+"""The write path of one call, carried out: intent, request, receipt, status query.
 
-Order of a write (seed 000; ARCHITECTURE.md "Side effects"), each step durable before the next:
-1. the ``tool_intent`` event (the session machine refuses it unless the gate is open), then the
-   intent row with its unique idempotency key;
+What is allowed, when, and what each answer means is session/ledger.py's (admission, the stages
+of an intent, the classification of answers, seed 000's reconciliation table); this module does
+what the ledger and the session machine decide, in their order, each step durable before the
+next (seed 000; ARCHITECTURE.md "Side effects"):
+1. the ``tool_intent`` event, then the intent row with its unique idempotency key;
 2. the ``tool_request_sent`` event, then the HTTP request with ``Idempotency-Key``;
-3. the receipt row (committed, failed, not_started or unknown), then the ``tool_receipt`` event.
-A crash between any two steps leaves an intent without a receipt, which reconciliation resolves by
-asking the provider's status endpoint about the key, never by sending the request again.
+3. the receipt row, then (once it is durable) the ``tool_receipt`` event, or the
+   ``tool_receipt_conflicted`` one when the row contradicts the receipt on record.
 
 Session events are applied only by the call's own task: HTTP work runs in tasks that hand their
-outcome back through the call's queue as :class:`ToolDone`.
+outcome back through the call's queue as :class:`ToolDone`, store reads and writes come back
+through ``in_task``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import logging
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from concurrent.futures import Future
@@ -26,12 +26,12 @@ from typing import Any, Protocol
 from agents.base import ToolResult
 from config.tools import ToolSettings
 from session import events as sev
+from session import ledger
 from session.machine import GateClosed, IllegalTransition
 from session.state import Outstanding
-from session.store import SessionStore, StoreError, ToolIntent, ToolReceipt
-from session.store.reader import StoreReader
+from session.store import IdempotencyConflict, SessionStore, StoreError, ToolIntent
 from session.store.writer import StoreWriter
-from session.vocabulary import DEFINITIVE, Outcome
+from session.vocabulary import IntentKind, Outcome
 from voicegate.faults import Faults
 from voicegate.observe.metrics import Metrics
 from voicegate.tools.client import ToolClient, ToolOutcome
@@ -57,7 +57,6 @@ class ToolRefused:
 
 
 class ToolServices(Protocol):
-    reader: StoreReader
     writer: StoreWriter
     metrics: Metrics
     faults: Faults
@@ -67,18 +66,15 @@ class ToolServices(Protocol):
     status_attempts: int
 
 
-def _key_record(store: SessionStore, key: str) -> tuple[ToolIntent | None, ToolReceipt | None]:
-    return store.intent(key), store.receipt(key)
-
-
-def intent_digest(tool: str, arguments: Mapping[str, Any], session_id: str, turn_id: str) -> str:
-    """sha256 of the canonical intent: the same ask in the same turn of a session is the same."""
-    canonical = json.dumps(
-        {"tool": tool, "arguments": arguments, "session": session_id, "turn": turn_id},
-        sort_keys=True,
-        separators=(",", ":"),
+def rule_of(tool: ToolSettings) -> ledger.ToolRule:
+    """What the ledger needs of a configured tool."""
+    return ledger.ToolRule(
+        tool.name, IntentKind(tool.kind), ledger.Approval(tool.approval), tool.approval_valid_s
     )
-    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+# Kept for the callers that derived digests here before the ledger owned the rule.
+intent_digest = ledger.intent_digest
 
 
 @dataclass
@@ -96,6 +92,8 @@ class CallTools:
     in_task: Callable[[Callable[[Future[Any]], None], Future[Any]], None]
     _tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     receipts_seen: int = 0
+    # Keys this session settled, with their outcome: a later ask for one is a duplicate.
+    settled: dict[str, ledger.Known] = field(default_factory=dict)
 
     # --- asked by the agent (inside the call's task) -----------------------------------------
 
@@ -112,61 +110,58 @@ class CallTools:
         after the caller's spoken confirmation was logged (a ``caller_said`` ``confirmed``),
         which only a tool with ``approval = "caller"`` takes as approval."""
         services = self.services
-        turn_id = self.current_turn()
-        digest = intent_digest(tool_name, arguments, self.session_id, turn_id)
-        key = key or f"vg-{self.session_id[:12]}-{digest[:24]}"
         tool = services.tools.get(tool_name)
-        if tool is None:
-            return self._refuse(tool_name, key, f"no tool named {tool_name!r} is configured")
-        if (in_flight := self._in_flight_intent(key)) is not None:
-            return self._admit(tool, tool_name, key, digest, turn_id, arguments, approved, spoken,
-                               in_flight, None)  # fmt: skip
+        ask = ledger.Ask(
+            tool_name, dict(arguments), self.session_id, self.current_turn(), key,
+            key_pressed=approved, spoken_yes=spoken,
+        )  # fmt: skip
+        rule = rule_of(tool) if tool is not None else None
+        key = ledger.admit(ask, rule, None).key
+        # Admitted now, at the gate as it is when the ask arrives (docs/agent-protocol.md). The
+        # session knows every key it used: its outstanding intents and what it settled (its
+        # own, and what a rejoin read back), so no store read runs on the event loop; a key of
+        # another session's is refused by the store when the intent row is written (_send).
+        known = self._in_flight_intent(key) or self.settled.get(key)
+        return self._take(ledger.admit(ask, rule, known), tool_name, ask, rule)
 
-        # Has this key been used before (a duplicate, or another session's)? Asked off the
-        # loop; the answer comes back in the call's task, which admits or refuses the call.
-        def admit(done: Future[tuple[ToolIntent | None, ToolReceipt | None]]) -> None:
-            try:
-                stored, receipt = done.result()
-            except StoreError as exc:
-                self._refuse(tool_name, key, f"the session store cannot be read: {exc}")
-                return
-            self._admit(tool, tool_name, key, digest, turn_id, arguments, approved, spoken,
-                        stored or self._in_flight_intent(key), receipt)  # fmt: skip
+    def remember(self, results: Sequence[ToolResult]) -> None:
+        """Intents the session settled before this call took it up (a rejoin, a callback): an
+        ask for one of their keys is a duplicate, answered with its outcome."""
+        for result in results:
+            self.settled[result.key] = ledger.Known(
+                self.session_id, None, result.outcome, dict(result.detail)
+            )
 
-        self.in_task(admit, services.reader.submit(lambda store: _key_record(store, key)))
-        return key
-
-    def _admit(
+    def _take(
         self,
-        tool: ToolSettings,
+        verdict: ledger.Verdict,
         tool_name: str,
-        key: str,
-        digest: str,
-        turn_id: str,
-        arguments: Mapping[str, Any],
-        approved: bool,
-        spoken: bool,
-        existing: ToolIntent | None,
-        receipt: ToolReceipt | None,
+        ask: ledger.Ask,
+        rule: ledger.ToolRule | None,
     ) -> str:
+        """Carry out the ledger's verdict on an ask."""
         services = self.services
-        if existing is not None:
-            if existing.digest != digest or existing.session_id != self.session_id:
-                return self._refuse(tool_name, key, "this key was used for a different request")
-            services.metrics.tool_duplicates_prevented.labels(tool_name).inc()
-            outcome = receipt.outcome if receipt and receipt.outcome in DEFINITIVE else "pending"
-            detail = dict(receipt.detail) if receipt else {}
-            self.post(ToolRefused(ToolResult(tool_name, key, outcome, detail, duplicate=True)))
-            return key
-        needs_approval = tool.kind == "write" and tool.approval != "none"
-        if needs_approval and not (approved or (spoken and tool.approval == "caller")):
-            how = "by key press" if tool.approval == "dtmf" else "by key press or by voice"
-            return self._refuse(tool_name, key, f"the caller has not confirmed it {how}")
+        match verdict:
+            case ledger.Refused(key=key, reason=reason):
+                return self._refuse(tool_name, key, reason)
+            case ledger.Duplicate(key=key, outcome=outcome, detail=detail):
+                services.metrics.tool_duplicates_prevented.labels(tool_name).inc()
+                self.post(ToolRefused(ToolResult(tool_name, key, outcome, dict(detail), True)))
+                return key
+            case ledger.Admitted():
+                pass
+        assert rule is not None
+        key = verdict.key
         services.faults.reached("before_intent_persist")
         try:
-            if needs_approval:
-                self.apply(sev.ApprovalGiven(f"{turn_id}:{digest[:16]}"))
-            self.apply(sev.ToolIntent(key, tool_name, tool.kind, digest, turn_id, dict(arguments)))
+            if verdict.needs_approval:
+                self.apply(sev.ApprovalGiven(verdict.approval_id))
+            self.apply(
+                sev.ToolIntent(
+                    key, tool_name, rule.kind, verdict.digest, ask.turn_id,
+                    dict(ask.arguments), verdict.approval_valid_s,
+                )
+            )  # fmt: skip
         except GateClosed:
             return self._refuse(tool_name, key, "side effects are frozen while the call recovers")
         except IllegalTransition as exc:
@@ -175,14 +170,12 @@ class CallTools:
         # effects pass, right after this row is durable.
         return key
 
-    def _in_flight_intent(self, key: str) -> ToolIntent | None:
-        """An intent the session holds whose row the writer may not have written yet."""
+    def _in_flight_intent(self, key: str) -> ledger.Known | None:
+        """An intent the session holds, whose row the writer may not have written yet."""
         intent = self.find_outstanding(key)
         if intent is None:
             return None
-        return ToolIntent(
-            key, self.session_id, intent.turn_id, intent.tool, intent.kind, intent.digest, {}, 0.0
-        )
+        return ledger.Known(self.session_id, intent.digest)
 
     def persist_intent(self, intent: Outstanding) -> Future[ToolIntent]:
         """The intent row, from the logged intent (its event is already durable)."""
@@ -244,6 +237,15 @@ class CallTools:
             await asyncio.wrap_future(row)
             if sent is not None:
                 await asyncio.wrap_future(sent)
+        except IdempotencyConflict as taken:
+            # The key is another request's (an agent's own key, reused): this one never left.
+            # Its receipt is the session's event alone: the key's rows are the other's.
+            log.error("tool.key_taken", extra={"session_id": self.session_id, "key": key})
+            done: Future[None] = Future()
+            done.set_result(None)
+            reason = taken.reason
+            self.in_task(lambda _: self._key_taken(key, reason), done)
+            return
         except StoreError as exc:
             # Not durable, so never sent: the logged intent is settled by a status query.
             log.error(
@@ -274,7 +276,7 @@ class CallTools:
             )
         except StoreError:
             receipt = None  # the provider is asked; its answer is recorded as any other
-        if receipt is not None and receipt.outcome in DEFINITIVE:
+        if receipt is not None and ledger.settled_on_record(receipt.outcome):
             self.post(ToolDone(key, ToolOutcome(receipt.outcome, receipt.detail), "store"))
             return
         if tool is None:
@@ -298,23 +300,76 @@ class CallTools:
     # --- back in the call's task ------------------------------------------------------------
 
     def record(self, done: ToolDone, tool_name: str) -> ToolResult:
-        """Persist the receipt, then feed it to the session (which may end it needs_human)."""
+        """Persist the receipt; once it is durable, feed it to the session (which may end it
+        needs_human). A receipt that contradicts the one on record is fed as that conflict
+        (seed 000's "conflicting receipt"), never as either answer."""
         services = self.services
         services.faults.reached("before_receipt_persist")
         at = self.wall()
-        # The writer keeps order: the receipt row is durable before the tool_receipt event.
-        services.writer.submit(
+        row = services.writer.submit(
             lambda store: store_receipt(store, done.key, done.outcome, via=done.via, at=at)
         )
-        services.faults.reached("after_receipt_persist")
-        self.receipts_seen += 1
-        services.metrics.tool_calls.labels(tool_name, done.outcome.outcome).inc()
-        self.apply(
-            sev.ToolReceipt(
-                done.key, done.outcome.outcome, str(done.outcome.detail.get("reason", ""))
-            )
-        )
+        self.in_task(lambda written: self._receipted(done, tool_name, written), row)
         return ToolResult(tool_name, done.key, done.outcome.outcome, dict(done.outcome.detail))
+
+    def _receipted(self, done: ToolDone, tool_name: str, written: Future[Any]) -> None:
+        services = self.services
+        event: sev.Event
+        try:
+            written.result()
+        except IdempotencyConflict as exc:
+            services.metrics.tool_receipt_conflicts.labels(tool_name).inc()
+            log.error(
+                "tool.receipt_conflict",
+                extra={
+                    "session_id": self.session_id,
+                    "key": done.key,
+                    "stored": exc.stored,
+                    "offered": exc.offered,
+                },
+            )
+            event = sev.ToolReceiptConflicted(done.key, exc.stored or "", exc.offered or "")
+        except StoreError as exc:
+            # Not durable, so not folded in: the intent stays outstanding, settled by key later.
+            log.error(
+                "tool.receipt_not_recorded",
+                extra={"session_id": self.session_id, "key": done.key, "why": str(exc)},
+            )
+            return
+        else:
+            services.faults.reached("after_receipt_persist")
+            self.receipts_seen += 1
+            services.metrics.tool_calls.labels(tool_name, done.outcome.outcome).inc()
+            reason = str(done.outcome.detail.get("reason", ""))
+            event = sev.ToolReceipt(done.key, done.outcome.outcome, reason)
+        intent = self.find_outstanding(done.key)
+        if intent is None:
+            return  # settled meanwhile, or the session ended: the row is the record
+        if isinstance(event, sev.ToolReceipt) and ledger.settled_on_record(event.outcome):
+            self.settled[done.key] = ledger.Known(
+                self.session_id, intent.digest, event.outcome, dict(done.outcome.detail)
+            )
+        try:
+            self.apply(event)
+        except (IllegalTransition, StoreError) as exc:
+            log.warning(
+                "tool.receipt_not_applied",
+                extra={"session_id": self.session_id, "key": done.key, "why": str(exc)},
+            )
+
+    def _key_taken(self, key: str, reason: str) -> None:
+        if self.find_outstanding(key) is None:
+            return
+        try:
+            self.apply(sev.ToolReceipt(key, Outcome.NOT_STARTED, f"never sent: {reason}"))
+        except (IllegalTransition, StoreError) as exc:
+            log.warning("tool.receipt_not_applied", extra={"key": key, "why": str(exc)})
+
+    def settle_unsent(self, key: str, reason: str) -> None:
+        """SettleUnsent: the intent never left, so its receipt is ``not_started`` with
+        ``reason``, recorded like any other (the agent hears it as a tool result)."""
+        outcome = ToolOutcome(Outcome.NOT_STARTED, {"reason": reason})
+        self.post(ToolDone(key, outcome, "ledger"))
 
     def _spawn(self, key: str, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)

@@ -5,9 +5,11 @@ What a provider is expected to do is written down by the reference provider
 refusal; replays of a key return the original outcome; ``GET`` on the status endpoint returns the
 recorded outcome, ``404`` if the key was never seen, or ``{"status": "unknown"}``.
 
-Classification never guesses in the caller's favour: anything after the request may have reached
-the provider (a timeout, a reset, a 5xx) is ``unknown`` and goes to the status endpoint; only a
-connection that was never established is ``not_started``.
+What an answer means is the ledger's to say (session/ledger.py: ``classify_request``,
+``classify_status``, ``classify_failure``), and it never guesses in the caller's favour: anything
+after the request may have reached the provider (a timeout, a reset, a 5xx) is ``unknown`` and
+goes to the status endpoint; only a connection that was never established is ``not_started``.
+This module reads the bytes and decides only whether they are an answer of the contract at all.
 
 An answer outside that contract (too large, not a JSON object, a ``status`` that is not a string,
 a redirect, an error status whose body says committed) is a *bad answer*: the request's outcome is
@@ -28,6 +30,7 @@ from typing import Any
 import aiohttp
 
 from config.tools import ToolSettings
+from session import ledger
 from session.backoff import Jitter, backoff_delay
 from session.vocabulary import DEFINITIVE as VOCABULARY_DEFINITIVE
 from session.vocabulary import Outcome
@@ -130,6 +133,10 @@ async def _answer(response: aiohttp.ClientResponse) -> _Answer:
     return _Answer(status, data)
 
 
+def _failed(failure: ledger.Failure, reason: str) -> ToolOutcome:
+    return ToolOutcome(ledger.classify_failure(failure), {"reason": reason})
+
+
 class ToolClient:
     """What a caller may rely on: :meth:`request` and :meth:`status` never raise for anything a
     provider answers; an answer outside the contract is never taken as ``committed`` (nor as
@@ -175,23 +182,15 @@ class ToolClient:
                     replayed = resp.headers.get(REPLAYED_HEADER, "").lower() == "true"
         except aiohttp.ClientConnectorError as exc:
             # The TCP connection was never established: the provider cannot have seen it.
-            return ToolOutcome(
-                Outcome.NOT_STARTED, {"reason": f"provider unreachable: {exc.os_error}"}
-            )
+            return _failed(ledger.Failure.NEVER_CONNECTED, f"provider unreachable: {exc.os_error}")
         except TimeoutError:
-            return ToolOutcome(
-                Outcome.UNKNOWN, {"reason": f"no response within {tool.timeout_s:g} s"}
-            )
+            return _failed(ledger.Failure.TIMED_OUT, f"no response within {tool.timeout_s:g} s")
         except (aiohttp.ClientPayloadError, aiohttp.ClientResponseError) as exc:
             # It reached the provider, whose answer cannot be read: unknown, settled by status.
             self._count_bad(tool, BadAnswer.MALFORMED_HTTP, key)
-            return ToolOutcome(
-                Outcome.UNKNOWN, {"reason": f"unreadable answer: {type(exc).__name__}"}
-            )
+            return _failed(ledger.Failure.UNREADABLE, f"unreadable answer: {type(exc).__name__}")
         except aiohttp.ClientError as exc:
-            return ToolOutcome(
-                Outcome.UNKNOWN, {"reason": f"transport error: {type(exc).__name__}"}
-            )
+            return _failed(ledger.Failure.TRANSPORT, f"transport error: {type(exc).__name__}")
         if answer.bad is not None:
             # Whatever it says, nobody can rely on it: the status endpoint settles the key. Its
             # text is not kept (it may be huge, or carry what a receipt must not).
@@ -205,19 +204,8 @@ class ToolClient:
             # key before, so something sent the write twice. Its idempotency stopped a second
             # execution; the answer is still the original outcome.
             self._count_repeated(tool, key)
-        data, http_status = answer.data, answer.http_status
-        status = data.get("status")
-        if 200 <= http_status < 300 and status == Outcome.COMMITTED:
-            return ToolOutcome(Outcome.COMMITTED, data)
-        if 400 <= http_status < 500 and http_status not in (408, 429):
-            # A refusal: the provider answered and did not do it.
-            reason = data.get("reason") or data.get("error") or f"HTTP {http_status}"
-            return ToolOutcome(
-                Outcome.FAILED, {**data, "reason": str(reason), "http_status": http_status}
-            )
-        return ToolOutcome(
-            Outcome.UNKNOWN, {"reason": f"HTTP {http_status} with status {status!r}", **data}
-        )
+        outcome, detail = ledger.classify_request(ledger.Answer(answer.http_status, answer.data))
+        return ToolOutcome(outcome, detail)
 
     async def status(self, tool: ToolSettings, key: str) -> ToolOutcome:
         """One status query; raises StatusUnavailable when it says nothing usable (a bad
@@ -234,15 +222,10 @@ class ToolClient:
         if answer.bad is not None:
             self._count_bad(tool, answer.bad, key)
             raise StatusUnavailable(f"bad status answer ({answer.bad.value})")
-        data, http_status = answer.data, answer.http_status
-        status = data.get("status")
-        if http_status == 404 and status in (None, Outcome.NOT_STARTED):
-            return ToolOutcome(Outcome.NOT_STARTED, {"reason": "the provider never saw this key"})
-        if http_status != 200:
-            raise StatusUnavailable(f"status query answered HTTP {http_status}")
-        if status in DEFINITIVE:
-            return ToolOutcome(str(status), data)
-        return ToolOutcome(Outcome.UNKNOWN, {"reason": f"provider says {status!r}", **data})
+        settled = ledger.classify_status(ledger.Answer(answer.http_status, answer.data))
+        if settled is None:
+            raise StatusUnavailable(f"status query answered HTTP {answer.http_status}")
+        return ToolOutcome(settled[0], settled[1])
 
     async def resolve(
         self,
