@@ -44,6 +44,7 @@ DEFAULT_TOOLS: dict[str, dict[str, Any]] = {
         "status_endpoint": "http://127.0.0.1:8090/v1/charges/{key}",
         "timeout_s": 5.0,
         "approval": "caller",
+        "approval_valid_s": 300.0,
         "enabled": True,
     }
 }
@@ -59,6 +60,19 @@ KEY_DOCS = {
     "approval is none) holds: a write held by an interruption is sent after the call recovers "
     "only within them, else it ends not_started and the caller is told",
     "enabled": "false removes the tool (also the built-in charge tool)",
+}
+
+
+# What each key takes, and its value when a table leaves it out (None: it must be given; the
+# built-in charge tool's own values are DEFAULT_TOOLS["charge"]), for the reference table.
+KEY_ALLOWED = {
+    "kind": ("one of read, write", None),
+    "endpoint": ("an http:// or https:// URL with a host", None),
+    "status_endpoint": ("an http(s) URL containing {key} (required for a write)", ""),
+    "timeout_s": ("a number from 0.1 to 120", 5.0),
+    "approval": ("one of none, dtmf, caller", "none"),
+    "approval_valid_s": ("a number from 1 to 86400", 300.0),
+    "enabled": ("true or false", True),
 }
 
 
