@@ -50,6 +50,7 @@ SHOWN = (
     "playback.false_interruption",
     "transfer.progress",
     "consult.event",
+    "tool.result",
 )
 BACK_MS = 500  # after a false interruption, pick up this far before the cut
 

@@ -94,6 +94,16 @@ class ExampleAgent:
         with urllib.request.urlopen(request, timeout=5) as response:
             return int(json.loads(response.read())["dropped"])
 
+    def drop_after_tool_call(self, down_s: float = 0.0) -> None:
+        """Arm the agent: its next tool.call is sent and its link dropped at once."""
+        request = urllib.request.Request(
+            f"http://{LOOPBACK}:{self.port}/admin/drop?after_tool_call=1&down_s={down_s}",
+            data=b"",
+            method="POST",
+        )
+        with urllib.request.urlopen(request, timeout=5) as response:
+            assert json.loads(response.read())["armed"] is True
+
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(signal.SIGKILL)
@@ -303,7 +313,83 @@ def test_a_link_dropped_during_a_tool_call_resumes_with_exactly_one_execution(
     # After its resume the agent asked again with the same call_id (it had no result yet):
     # answered "pending" from voicegate's record, never sent to the provider again.
     assert server.metric("voicegate_tool_duplicates_prevented_total", tool="charge") == 1
-    assert agent_log(agent).count("tool.result") == 2  # pending (duplicate), then committed
+    # pending (the duplicate), then committed
+    assert [r["outcome"] for r in _tool_results(agent)] == ["pending", "committed"]
+
+
+def _tool_results(agent: ExampleAgent) -> list[dict[str, Any]]:
+    return [m for m in agent_told(agent) if m.get("type") == "tool.result"]
+
+
+def test_a_link_dropped_right_after_a_tool_call_holds_it_then_sends_it_once(
+    server_factory: ServerFactory, agent: ExampleAgent, tmp_path: Path
+) -> None:
+    """The tool.call arrives with the gate open; the link drops at once, before the request
+    can leave: the intent is held (never sent while the gate is frozen, never asked about), and
+    sent once, with its key, when the link is back (docs/agent-protocol.md, "Tool calls")."""
+    provider = Provider(tmp_path / "provider").start()
+    try:
+        server = server_factory(
+            **agent.env(deadline_s=10.0),
+            **provider.tool_env(timeout_s=5.0),
+            VOICEGATE_TOOL_CHARGE_APPROVAL="none",
+        )
+        agent.drop_after_tool_call()
+        sipp = Sipp("uac-remote-pay.xml", server.sip_target, tmp_path).start()
+        assert sipp.wait() == 0, sipp.errors()
+        end = ended(server)
+        assert (end["terminal_state"], end["reason"]) == ("completed", "caller pressed 9")
+        assert len(provider.charges()) == 1, provider.ledger()
+    finally:
+        provider.stop()
+    events = session_events(server)
+    types = [e["type"] for e in events]
+    assert "admin.drop_after_tool_call pay-1" in agent_log(agent)
+    # Admitted before the link was lost, sent after it came back, once.
+    assert types.index("tool_intent") < types.index("agent_link_lost")
+    assert types.index("agent_link_lost") < types.index("tool_request_sent")
+    assert types.count("tool_request_sent") == 1
+    lost = next(e for e in events if e["type"] == "agent_link_lost")
+    assert {"kind": "gate_changed", "old": "open", "new": "frozen", "frozen_s": 0.0} in lost[
+        "effects"
+    ]
+    receipts = [e["payload"] for e in events if e["type"] == "tool_receipt"]
+    assert [r["outcome"] for r in receipts] == ["committed"], receipts
+    # The agent hears one definitive result (a "pending" for its own re-ask after the resume
+    # is not one), committed.
+    final = [r for r in _tool_results(agent) if r["outcome"] != "pending"]
+    assert [(r["call_id"], r["outcome"]) for r in final] == [("pay-1", "committed")]
+
+
+def test_a_held_tool_call_whose_approval_lapsed_ends_not_started_and_charges_nothing(
+    server_factory: ServerFactory, agent: ExampleAgent, tmp_path: Path
+) -> None:
+    provider = Provider(tmp_path / "provider").start()
+    try:
+        server = server_factory(
+            **agent.env(deadline_s=10.0),
+            **provider.tool_env(timeout_s=5.0),
+            VOICEGATE_TOOL_CHARGE_APPROVAL="none",
+            VOICEGATE_TOOL_CHARGE_APPROVAL_VALID_S="1",
+        )
+        # The link is down for 2.5 s: longer than the approval holds.
+        agent.drop_after_tool_call(down_s=2.5)
+        sipp = Sipp("uac-remote-pay.xml", server.sip_target, tmp_path).start()
+        assert sipp.wait() == 0, sipp.errors()
+        end = ended(server)
+        assert end["terminal_state"] == "completed", end
+        assert provider.ledger() == []  # never sent: the provider never saw the key
+    finally:
+        provider.stop()
+    events = session_events(server)
+    types = [e["type"] for e in events]
+    assert "tool_request_sent" not in types
+    receipts = [e["payload"] for e in events if e["type"] == "tool_receipt"]
+    expired = "approval expired while the call was interrupted"
+    assert [(r["outcome"], r["detail"]) for r in receipts] == [("not_started", expired)]
+    final = [r for r in _tool_results(agent) if r["outcome"] != "pending"]
+    assert [(r["call_id"], r["outcome"]) for r in final] == [("pay-1", "not_started")]
+    assert final[0].get("detail", {}).get("reason") == expired
 
 
 def test_a_link_that_never_comes_back_ends_the_call_failed_with_the_caller_told(

@@ -19,6 +19,8 @@ from config.tools import ToolSettings
 from session import effects as fx
 from session import events as sev
 from session.durable import DurableSession
+from session.ledger import intent_digest, intent_key
+from session.store import ToolIntent, ToolReceipt
 from session.store.reader import StoreReader
 from session.store.sqlite import SqliteSessionStore
 from session.store.writer import StoreWriter
@@ -185,3 +187,76 @@ async def test_a_spoken_yes_approves_only_a_tool_that_takes_the_callers_voice(
             assert "by key press" in result.result.detail["reason"]
             assert not [e for e in store.events("s1") if e.type == "tool_intent"]
         await asyncio.to_thread(writer.flush)
+
+
+async def test_a_receipt_that_contradicts_the_one_on_record_ends_the_session_needs_human(
+    tmp_path: Path, provider: TestServer
+) -> None:
+    """Seed 000's "conflicting receipt": another writer (a stalled owner, a provider whose
+    answers disagree) already recorded committed for the key; this call's answer says failed.
+    Neither is picked: the conflict is the session's own event, and a person settles it."""
+    base = str(provider.make_url(""))
+    tool = ToolSettings(
+        "charge", "write", f"{base}/v1/charges", f"{base}/v1/charges/{{key}}", 2.0, "none"
+    )
+    db = tmp_path / "s.sqlite3"
+    store = SqliteSessionStore(db)
+    args: dict[str, Any] = {"amount_cents": 0, "currency": "EUR", "account": "a1"}  # refused
+    digest = intent_digest("charge", args, "s1", "t1")
+    key = intent_key("s1", digest)
+    async with aiohttp.ClientSession() as http:
+        writer = StoreWriter(lambda: SqliteSessionStore(db))
+        reader = StoreReader(lambda: SqliteSessionStore(db))
+        services = Services(reader, writer, ToolClient(http), {"charge": tool})
+        session, _ = DurableSession.create(
+            store, "s1", owner="w/1", meta={}, offered=sev.CallOffered(), now=time.time()
+        )
+        store.record_intent(ToolIntent(key, "s1", "t1", "charge", "write", digest, args, 1.0))
+        store.record_receipt(ToolReceipt(key, "committed", {"via": "elsewhere"}, 2.0))
+        queue: asyncio.Queue[object] = asyncio.Queue()
+
+        def apply(event: sev.Event) -> list[fx.Effect]:
+            effects = session.apply(event, time.time())
+            for effect in effects:
+                if isinstance(effect, fx.SendToolRequest):
+                    intent = next(o for o in session.state.outstanding if o.key == effect.key)
+                    tools.send(intent, tools.persist_intent(intent))
+            return effects
+
+        tools = CallTools(
+            "s1", services, apply=apply, post=queue.put_nowait, current_turn=lambda: "t1",
+            find_outstanding=lambda k: next(
+                (o for o in session.state.outstanding if o.key == k), None
+            ),
+            durable=lambda: None, wall=time.time, in_task=in_task,
+        )  # fmt: skip
+        apply(sev.CallAnswered())
+        apply(sev.TurnStarted("t1"))
+        apply(sev.TurnCommitted("t1"))
+        assert tools.request("charge", args, None, approved=False) == key
+        done = await asyncio.wait_for(queue.get(), 5)
+        assert isinstance(done, ToolDone) and done.outcome.outcome == "failed"
+        tools.record(done, "charge")
+        await asyncio.to_thread(writer.flush)
+        await wait_until(lambda: session.state.terminal, "the conflict to end the session")
+        ended = session.state.ended
+        assert ended is not None
+        assert (ended.terminal_state, ended.stage) == ("needs_human", "reconciliation")
+        types = [e.type for e in store.events("s1")]
+        assert types[-1] != "tool_receipt" and "tool_receipt_conflicted" in types
+        receipt = store.receipt(key)
+        assert receipt is not None and receipt.outcome == "committed"  # the record stays
+        assert [o.key for o in session.state.outstanding] == [key]  # nothing assumed
+        assert services.metrics.tool_receipt_conflicts.labels("charge")._value.get() == 1
+    writer.close()
+    reader.close()
+    store.close()
+
+
+async def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 5.0) -> None:
+    """Let the loop run the call's callbacks until ``condition`` holds, at most ``timeout_s``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not condition():
+        assert loop.time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)

@@ -152,9 +152,12 @@ class CallActions:
 
     def send_tool_request(self, key: str) -> None:
         intent = self._state.outstanding(key)
-        if intent is not None and intent.stage is IntentStage.INTENDED:
+        if intent is None:
+            return
+        row = self._tools.persist_intent(intent)  # its row, whether it goes now or later
+        if intent.stage is IntentStage.INTENDED:
             # A held one waits for the gate (session/ledger.py): the gate's release sends it.
-            self._tools.send(intent, self._tools.persist_intent(intent))
+            self._tools.send(intent, row)
 
     def settle_unsent(self, key: str, reason: str) -> None:
         self._tools.settle_unsent(key, reason)

@@ -29,7 +29,7 @@ from session import events as sev
 from session import ledger
 from session.machine import GateClosed, IllegalTransition
 from session.state import Outstanding
-from session.store import IdempotencyConflict, SessionStore, StoreError, ToolIntent
+from session.store import IdempotencyConflict, SessionStore, StoreError, ToolIntent, ToolReceipt
 from session.store.writer import StoreWriter
 from session.vocabulary import IntentKind, Outcome
 from voicegate.faults import Faults
@@ -305,10 +305,15 @@ class CallTools:
         (seed 000's "conflicting receipt"), never as either answer."""
         services = self.services
         services.faults.reached("before_receipt_persist")
-        at = self.wall()
-        row = services.writer.submit(
-            lambda store: store_receipt(store, done.key, done.outcome, via=done.via, at=at)
-        )
+        at, session_id, intent = self.wall(), self.session_id, self.find_outstanding(done.key)
+
+        def persist(store: SessionStore) -> ToolReceipt:
+            # The intent's row first (a write settled before it was sent may have none yet).
+            if intent is not None:
+                ensure_intent_row(store, session_id, intent, at=at)
+            return store_receipt(store, done.key, done.outcome, via=done.via, at=at)
+
+        row = services.writer.submit(persist)
         self.in_task(lambda written: self._receipted(done, tool_name, written), row)
         return ToolResult(tool_name, done.key, done.outcome.outcome, dict(done.outcome.detail))
 
