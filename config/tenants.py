@@ -18,10 +18,8 @@ import hmac
 import ipaddress
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from config.settings import AgentSettings, OutboundSettings, TransferSettings
+from config.tenant_sections import AgentSettings, OutboundSettings, TransferSettings
 
 DEFAULT_TENANT = "default"
 

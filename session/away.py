@@ -25,11 +25,8 @@ from dataclasses import replace
 from session import effects as fx
 from session import ending
 from session import events as ev
-from session.deadlines import drop_all
 from session.errors import IllegalTransition
 from session.gate import reconcile, set_gate
-from session.playback import cut_playback
-from session.recovery import finished
 from session.state import AgentLink, Gate, Media, SessionState, Signaling, Terminal
 from session.vocabulary import EndingStage, RecoveryOutcome
 
@@ -47,25 +44,22 @@ def may_go_away(state: SessionState) -> bool:
 
 
 def go_away(state: SessionState, now: float, out: fx.Effects) -> SessionState:
-    """The caller is with the target: hang up our leg, keep the session open until the handle
-    expires. The transfer's recovery ends (canceled: nothing of ours is recovered now)."""
-    state = cut_playback(replace(state, turn=None), out)
-    if state.recovery is not None:
-        out.append(finished(state.recovery, RecoveryOutcome.CANCELED, now))
-    state = drop_all(state, out)
-    if state.gate is not Gate.CLOSED:
-        state = set_gate(state, Gate.FROZEN, now, out)
-    out.append(fx.ReleaseMedia())
-    # RFC 5589 section 6: our BYE goes only now, after the final 2xx NOTIFY.
-    out.append(fx.HangUp(TRANSFERRED))
-    return replace(
+    """The caller is with the target: hang up our leg (session.ending.leave_line, no prompt: the
+    caller is talking to someone else), keep the session open, frozen, until the handle expires.
+    The transfer's recovery ends (canceled: nothing of ours is recovered now)."""
+    state = ending.leave_line(
         state,
-        recovery=None,
+        now,
+        out,
+        recovery_outcome=RecoveryOutcome.CANCELED,
+        gate=Gate.FROZEN,
         signaling=Signaling.AWAY,
-        media=Media.RELEASED if state.media is not Media.NONE else Media.NONE,
-        agent_link=AgentLink.CLOSED,
-        away_until=now + state.policy.resume_ttl_s,
+        say=None,
+        # RFC 5589 section 6: our BYE goes only now, after the final 2xx NOTIFY.
+        hang_up=TRANSFERRED,
+        stop_turn=False,
     )
+    return replace(state, away_until=now + state.policy.resume_ttl_s)
 
 
 def on_call_rejoined(state: SessionState, event: ev.CallRejoined, now: float) -> Result:

@@ -24,11 +24,8 @@ from dataclasses import replace
 from session import effects as fx
 from session import ending
 from session import events as ev
-from session.deadlines import drop_all
 from session.errors import IllegalTransition
 from session.gate import reconcile, set_gate
-from session.playback import cut_playback
-from session.recovery import finished, in_flight
 from session.state import AgentLink, Gate, Media, SessionState, Signaling, Terminal
 from session.vocabulary import EndingStage, Interruption, RecoveryOutcome
 
@@ -55,27 +52,18 @@ def drop(state: SessionState, reason: str, say: str, now: float, out: fx.Effects
     """Hang up as the deadline's ending would (stop generation and tool calls, clear playout,
     tell the line, release media, BYE), but keep the session open for the window, frozen, with
     the ending it will get (``reason``) if nobody calls back."""
-    if state.turn is not None and state.response is None:
-        out.append(fx.StopGeneration())  # with a response, cut_playback says it
-    if keys := in_flight(state):
-        out.append(fx.CancelToolCalls(keys))
-    state = cut_playback(replace(state, turn=None), out)
-    if state.outstanding:
-        out.append(fx.PersistOutstanding(state.outstanding_keys()))
-    if state.recovery is not None:
-        out.append(finished(state.recovery, RecoveryOutcome.TIMED_OUT, now))
-    out.append(fx.Say(say))
-    state = drop_all(state, out)
-    if state.gate is not Gate.CLOSED:
-        state = set_gate(state, Gate.FROZEN, now, out)
-    out.append(fx.ReleaseMedia())
-    out.append(fx.HangUp(reason))
+    state = ending.leave_line(
+        state,
+        now,
+        out,
+        recovery_outcome=RecoveryOutcome.TIMED_OUT,
+        gate=Gate.FROZEN,
+        signaling=Signaling.DROPPED,
+        say=say,
+        hang_up=reason,
+    )
     return replace(
         state,
-        recovery=None,
-        signaling=Signaling.DROPPED,
-        media=Media.RELEASED if state.media is not Media.NONE else Media.NONE,
-        agent_link=AgentLink.CLOSED,
         dropped_until=now + state.policy.callback_window_s,
         dropped_reason=reason,
     )

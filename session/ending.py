@@ -4,6 +4,8 @@ Every session reaches exactly one terminal state and never leaves it. Ending is 
 effects, in the order seed 000 lists for a timeout: stop generation and tool calls, clear playout,
 persist outstanding intents, tell the caller what is known (if anyone is on the line), release
 media, hang up. Outstanding intents are kept in the final state for reconciliation, never assumed.
+That sequence is :func:`leave_line`; a session that hangs up without ending yet (dropped, waiting
+for a callback; away, waiting for a transferred caller) leaves the line by it too.
 The reasons are written for people reading a session's status; each says what is still unknown.
 """
 
@@ -26,6 +28,59 @@ _RECOVERY_ENDED_BY = {
 }
 
 
+def leave_line(
+    state: SessionState,
+    now: float,
+    out: fx.Effects,
+    *,
+    recovery_outcome: RecoveryOutcome,
+    gate: Gate,
+    signaling: Signaling,
+    say: str | None,
+    hang_up: str | None,
+    stop_turn: bool = True,
+) -> SessionState:
+    """Leave the line with the effects seed 000 lists for a timeout, in this order: stop
+    generation and the tool calls on the wire, clear playout, persist outstanding intents, end the
+    recovery, tell the caller (``say``), cancel every timer, move the gate, release media, hang up
+    (``hang_up``: the BYE's reason).
+
+    The one sequence of an ending (:func:`terminate`), a drop that waits for a callback
+    (session.callback) and a transfer that waits for the caller to come back (session.away);
+    what differs is passed in. ``recovery_outcome``: how a running recovery is reported ended.
+    ``gate``: where the gate goes, unless it is closed already (closed for good, or frozen while
+    the session waits). ``say``/``hang_up``: None when nobody is on the line to be told or hung
+    up on. ``stop_turn``: False leaves a turn that has no response yet without a StopGeneration
+    (a successful transfer's hand-off has never sent one). Outstanding intents stay in the state
+    for reconciliation, never assumed. The state returned has no recovery, no turn, response or
+    timer, the agent link closed, media released (if there was any) and ``signaling``.
+    """
+    if stop_turn and state.turn is not None and state.response is None:
+        out.append(fx.StopGeneration())  # with a response, cut_playback says it
+    if keys := in_flight(state):
+        out.append(fx.CancelToolCalls(keys))
+    state = cut_playback(replace(state, turn=None), out)
+    if state.outstanding:
+        out.append(fx.PersistOutstanding(state.outstanding_keys()))
+    if state.recovery is not None:
+        out.append(finished(state.recovery, recovery_outcome, now))
+    if say is not None:
+        out.append(fx.Say(say))
+    state = drop_all(state, out)
+    if state.gate is not Gate.CLOSED:
+        state = set_gate(state, gate, now, out)
+    out.append(fx.ReleaseMedia())
+    if hang_up is not None:
+        out.append(fx.HangUp(hang_up))
+    return replace(
+        state,
+        recovery=None,
+        media=Media.RELEASED if state.media is not Media.NONE else Media.NONE,
+        agent_link=AgentLink.CLOSED,
+        signaling=signaling,
+    )
+
+
 def terminate(
     state: SessionState,
     terminal: Terminal,
@@ -37,37 +92,23 @@ def terminate(
     caller_present: bool,
     say: str | None = None,
 ) -> SessionState:
-    """End the session with the effects seed 000 lists for a timeout, in this order.
+    """End the session: :func:`leave_line` with the gate closed for good, then ``Finished``.
 
     ``caller_present``: someone is on the line to be told (``say``) and hung up on; False when
     the dialog is already gone (the caller left, PJSIP ended it, the process died).
     """
-    if state.turn is not None and state.response is None:
-        out.append(fx.StopGeneration())  # with a response, cut_playback says it
-    if keys := in_flight(state):
-        out.append(fx.CancelToolCalls(keys))
-    state = cut_playback(replace(state, turn=None), out)
-    if state.outstanding:
-        out.append(fx.PersistOutstanding(state.outstanding_keys()))
-    if state.recovery is not None:
-        outcome = _RECOVERY_ENDED_BY.get(terminal, RecoveryOutcome.CANCELED)
-        out.append(finished(state.recovery, outcome, now))
-    if caller_present and say is not None:
-        out.append(fx.Say(say))
-    state = drop_all(state, out)
-    state = set_gate(state, Gate.CLOSED, now, out)
-    out.append(fx.ReleaseMedia())
-    if caller_present:
-        out.append(fx.HangUp(reason))
-    out.append(fx.Finished(terminal, reason, stage))
-    return replace(
+    state = leave_line(
         state,
-        recovery=None,
-        media=Media.RELEASED if state.media is not Media.NONE else Media.NONE,
-        agent_link=AgentLink.CLOSED,
+        now,
+        out,
+        recovery_outcome=_RECOVERY_ENDED_BY.get(terminal, RecoveryOutcome.CANCELED),
+        gate=Gate.CLOSED,
         signaling=Signaling.GONE,
-        ended=Ending(terminal, reason, stage, now),
+        say=say if caller_present else None,
+        hang_up=reason if caller_present else None,
     )
+    out.append(fx.Finished(terminal, reason, stage))
+    return replace(state, ended=Ending(terminal, reason, stage, now))
 
 
 # --- reasons ------------------------------------------------------------------------------------

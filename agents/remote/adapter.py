@@ -40,12 +40,12 @@ from agents.base import (
 )
 from agents.remote.dial import LinkConfig, tls_context
 from agents.remote.link import Link
+from agents.remote.metrics import RemoteAgentMetrics
 from agents.remote.protocol import VERSION, Codec, ProtocolError, encode_caller_audio
 from agents.remote.tool_calls import ToolCalls
 from audio.frame import Frame
 from audio.playout import PlayoutFull
 from audio.resample import resample
-from voicegate.observe.metrics import Metrics
 
 log = logging.getLogger("voicegate.agent.remote")
 
@@ -69,7 +69,7 @@ class _Remote:
 class RemoteAgentFactory:
     """``agent.kind = "remote"``: a :class:`RemoteAgent` per call."""
 
-    def __init__(self, settings: RemoteSettings, metrics: Metrics) -> None:
+    def __init__(self, settings: RemoteSettings, metrics: RemoteAgentMetrics) -> None:
         self.settings = settings
         self.metrics = metrics
 
@@ -79,7 +79,11 @@ class RemoteAgentFactory:
 
 class RemoteAgent(Agent):
     def __init__(
-        self, context: CallContext, call: CallControl, settings: RemoteSettings, metrics: Metrics
+        self,
+        context: CallContext,
+        call: CallControl,
+        settings: RemoteSettings,
+        metrics: RemoteAgentMetrics,
     ) -> None:
         super().__init__(context, call)
         self.settings = settings

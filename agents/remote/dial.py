@@ -21,9 +21,9 @@ from typing import Any
 import aiohttp
 
 from agents.remote.auth import make_token
+from agents.remote.metrics import RemoteAgentMetrics
 from agents.remote.protocol import MAX_BINARY_BYTES, MAX_TEXT_BYTES, SUBPROTOCOL
 from session.backoff import Jitter, backoff_delay
-from voicegate.observe.metrics import Metrics
 
 log = logging.getLogger("voicegate.agent.remote")
 
@@ -83,7 +83,7 @@ async def dial(
     timeout_s: float,
     *,
     resuming: bool,
-    metrics: Metrics,
+    metrics: RemoteAgentMetrics,
 ) -> aiohttp.ClientWebSocketResponse:
     """One WebSocket to the agent, signed for ``session_id``; :class:`GiveUp` if refused."""
     token = make_token(config.secret, session_id, config.url, time.time())
@@ -113,7 +113,7 @@ async def try_dial(
     session_id: str,
     timeout_s: float,
     resuming: bool,
-    metrics: Metrics,
+    metrics: RemoteAgentMetrics,
 ) -> aiohttp.ClientWebSocketResponse | None:
     """:func:`dial`, or None (logged) when the agent could not be reached this time."""
     try:

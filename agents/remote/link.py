@@ -25,6 +25,7 @@ from typing import Any
 import aiohttp
 
 from agents.remote.dial import GiveUp, LinkConfig, redial_delay, try_dial, write_frames
+from agents.remote.metrics import RemoteAgentMetrics
 from agents.remote.owner import LinkOwner
 from agents.remote.protocol import (
     LINK_TYPES,
@@ -38,7 +39,6 @@ from agents.remote.protocol import (
     ReplayOverflow,
     RoundTrip,
 )
-from voicegate.observe.metrics import Metrics
 
 log = logging.getLogger("voicegate.agent.remote")
 
@@ -51,7 +51,7 @@ class Link:
         config: LinkConfig,
         session_id: str,
         owner: LinkOwner,
-        metrics: Metrics,
+        metrics: RemoteAgentMetrics,
         now: Callable[[], float] | None = None,
     ) -> None:
         # Time is injected (STYLE.md habit 3): the loop's clock at run time, a fake in tests.
