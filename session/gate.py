@@ -20,6 +20,9 @@ from session.events import Event
 from session.state import Gate, SessionState, Signaling
 
 _HELD = (Gate.FROZEN, Gate.RECONCILING)
+_CALLER_THERE = frozenset(
+    {Signaling.OFFERED, Signaling.UP, Signaling.REINVITE_PENDING, Signaling.TRANSFERRING}
+)
 
 
 def set_gate(state: SessionState, gate: Gate, now: float, out: fx.Effects) -> SessionState:
@@ -40,8 +43,9 @@ def set_gate(state: SessionState, gate: Gate, now: float, out: fx.Effects) -> Se
     outstanding = state.outstanding
     if state.gate is Gate.OPEN:
         outstanding = ledger.hold(outstanding)
-    elif gate is Gate.OPEN and state.signaling is not Signaling.GONE:
-        # Only for a caller still there: a session whose call is gone sends nothing more.
+    elif gate is Gate.OPEN and state.signaling in _CALLER_THERE:
+        # Only for a caller on the line (or calling back): a session whose call is gone, away
+        # or dropped sends nothing; its held writes go when a caller is back and it reopens.
         outstanding = ledger.release(outstanding, now, out)
     return replace(state, gate=gate, gate_since=since, outstanding=outstanding)
 
