@@ -441,11 +441,17 @@ def _on_tool_receipt_conflicted(
             "tool_receipt_conflict", f"{event.key} {event.offered} (stored {event.stored})"
         )
     ]
-    return _settle(state, event.key, ledger.Evidence.CONFLICTING_RECEIPT, now, out)
+    why = f"conflicting receipts for {event.key} ({event.stored} on record, {event.offered} now)"
+    return _settle(state, event.key, ledger.Evidence.CONFLICTING_RECEIPT, now, out, why)
 
 
 def _settle(
-    state: SessionState, key: str, evidence: ledger.Evidence, now: float, out: Effects
+    state: SessionState,
+    key: str,
+    evidence: ledger.Evidence,
+    now: float,
+    out: Effects,
+    why: str = "",
 ) -> Result:
     """Apply seed 000's row for what reconciliation learned of ``key`` (session/ledger.py)."""
     row = ledger.RECONCILIATION[evidence]
@@ -461,10 +467,11 @@ def _settle(
             )
         if state.terminal:
             return state, out
+        reason = ending.unknown_outcomes(state)
         return ending.terminate(
             state,
             row.ends,
-            ending.unknown_outcomes(state),
+            f"{why}, with {reason}" if why else reason,
             row.stage,
             now,
             out,
