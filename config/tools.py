@@ -58,7 +58,7 @@ KEY_DOCS = {
     "key press or by voice (a spoken yes the session logs as caller_said, the demo agent)",
     "approval_valid_s": "seconds a write's approval (the caller's yes, or the agent's ask when "
     "approval is none) holds: a write held by an interruption is sent after the call recovers "
-    "only within them, else it ends not_started and the caller is told",
+    "only within them, else it ends not_started and the agent gets that result with the reason",
     "enabled": "false removes the tool (also the built-in charge tool)",
 }
 

@@ -11,7 +11,8 @@ before the next is acted on, and each named so in the session log (``Outstanding
   agent's link dropped, a re-INVITE...) before its request left. It is known unsent: nobody asks
   a provider about it. When reconciliation reopens the gate it is sent, once, with its key, if
   its approval still holds (:func:`release`), or it ends ``not_started`` with the reason
-  :data:`APPROVAL_EXPIRED`, and the agent and the caller are told.
+  :data:`APPROVAL_EXPIRED`: the agent gets that result, and says so to the caller (the demo
+  agents play ``payment_not_started``).
 - **sent**: ``tool_request_sent`` is logged, then the request leaves. From here on only the
   provider knows: a cut session asks its status endpoint by key (:func:`to_query`), never sends
   it again.
@@ -258,7 +259,7 @@ RECONCILIATION: Final[Mapping[Evidence, Row]] = {
         # intent is known unsent, so nothing is uncertain: it is recorded not_started (the
         # agent and the caller are told why) and only a new approval can bring a new intent.
         Outcome.NOT_STARTED, True, None, None, None,
-        may="record it not_started with the reason, tell the agent and the caller",
+        may="record it not_started with the reason; the agent is told, and tells the caller",
         must_not="send the held request on the approval that lapsed",
     ),
     Evidence.UNKNOWN: Row(

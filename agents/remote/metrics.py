@@ -55,7 +55,7 @@ class RemoteAgentMetrics(Protocol):
 
     @property
     def agent_protocol_errors(self) -> LabelledCounter:
-        """``voicegate_agent_protocol_errors_total{code}`` (link.py)."""
+        """``voicegate_agent_protocol_errors_total{kind}`` (link.py)."""
         ...
 
     @property
