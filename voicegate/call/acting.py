@@ -132,6 +132,10 @@ class SessionSteps:
         else:
             write.add_done_callback(lambda f: self.from_writer(lambda _: then(), f))
 
+    def when_done(self, then: Callable[[Future[Any]], None], job: Future[Any]) -> None:
+        """Run ``then(job)`` in the call's task once ``job`` (a store job) has finished."""
+        job.add_done_callback(lambda f: self.from_writer(then, f))
+
     def from_writer(self, then: Callable[[Future[Any]], None], done: Future[Any]) -> None:
         """Run ``then(done)`` in the call's task, in order with the call's other events."""
         # Called on the writer thread: hand the result to the call's task, in order.

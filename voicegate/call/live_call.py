@@ -114,7 +114,7 @@ class LiveCall:
             find_outstanding=state.outstanding,
             durable=lambda: steps.last_write,
             wall=clock.wall,
-            in_task=steps.from_writer,
+            in_task=steps.when_done,
         )
         self._timers = SessionTimers(clock, post)
         self._responses = Responses(
