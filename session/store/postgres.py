@@ -60,9 +60,8 @@ from session.store import (
     UnknownIntent,
     UnknownSession,
     check_terminal_state,
-    decode_cursor,
-    encode_cursor,
 )
+from session.store.listing import list_where, open_where, page
 from session.store.migrations import (
     CREATED_WHY,
     FIRST_VERSION,
@@ -574,48 +573,24 @@ class PostgresSessionStore:
         cursor: str | None = None,
         tenant: str | None = None,
     ) -> tuple[builtins.list[SessionSummary], str | None]:
-        check_terminal_state(terminal_state)
-        if terminal_state is not None and open_only:
-            raise ValueError("terminal_state and open_only exclude each other")
-        if limit < 1:
-            raise ValueError(f"limit must be >= 1, not {limit}")
-        where = ["TRUE"]
-        params: builtins.list[object] = []
-        if terminal_state is not None:
-            where.append("terminal_state = %s")
-            params.append(terminal_state)
-        if open_only:
-            where.append("terminal_state IS NULL")
-        if tenant is not None:
-            where.append("tenant = %s")
-            params.append(tenant)
-        if status_prefix is not None:
-            # Exact and case-sensitive, as SQLite's substr: LIKE would treat % and _ as wildcards.
-            where.append("left(status, %s) = %s")
-            params += [len(status_prefix), status_prefix]
-        if cursor is not None:
-            created_at, session_id = decode_cursor(cursor)
-            where.append("(created_at, session_id) < (%s, %s)")
-            params += [created_at, session_id]
-        sql = f"WHERE {' AND '.join(where)} ORDER BY created_at DESC, session_id DESC LIMIT %s"
-        rows = self._select(SessionSummary, "sessions", sql, [*params, limit + 1])
-        page, more = rows[:limit], len(rows) > limit
-        return page, encode_cursor(page[-1].created_at, page[-1].session_id) if more else None
+        sql, params = list_where(
+            "%s",
+            terminal_state=terminal_state,
+            open_only=open_only,
+            status_prefix=status_prefix,
+            limit=limit,
+            cursor=cursor,
+            tenant=tenant,
+        )
+        return page(self._select(SessionSummary, "sessions", sql, params), limit)
 
     def open_sessions(
         self, *, updated_before: float | None = None, owner_prefix: str | None = None
     ) -> builtins.list[SessionSummary]:
-        where = "WHERE terminal_state IS NULL"
-        params: builtins.list[object] = []
-        if updated_before is not None:
-            where += " AND updated_at < %s"
-            params.append(updated_before)
-        if owner_prefix is not None:
-            where += " AND left(owner, %s) = %s"
-            params += [len(owner_prefix), owner_prefix]
-        return self._select(
-            SessionSummary, "sessions", f"{where} ORDER BY updated_at, session_id", params
+        where, params = open_where(
+            "%s", updated_before=updated_before, owner_prefix=owner_prefix
         )
+        return self._select(SessionSummary, "sessions", where, params)
 
     # --- tool intents and receipts -------------------------------------------------------------
 

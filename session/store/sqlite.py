@@ -40,9 +40,8 @@ from session.store import (
     UnknownIntent,
     UnknownSession,
     check_terminal_state,
-    decode_cursor,
-    encode_cursor,
 )
+from session.store.listing import list_where, open_where, page
 from session.store.migrations import (
     CREATED_WHY,
     FIRST_VERSION,
@@ -343,46 +342,24 @@ class SqliteSessionStore(ResumeHandlesSql):
         cursor: str | None = None,
         tenant: str | None = None,
     ) -> tuple[builtins.list[SessionSummary], str | None]:
-        check_terminal_state(terminal_state)
-        if terminal_state is not None and open_only:
-            raise ValueError("terminal_state and open_only exclude each other")
-        if limit < 1:
-            raise ValueError(f"limit must be >= 1, not {limit}")
-        where = ["1"]
-        params: builtins.list[object] = []
-        if terminal_state is not None:
-            where.append("terminal_state = ?")
-            params.append(terminal_state)
-        if open_only:
-            where.append("terminal_state IS NULL")
-        if tenant is not None:
-            where.append("tenant = ?")
-            params.append(tenant)
-        if status_prefix is not None:
-            # substr, not LIKE: LIKE is case-insensitive and treats % and _ as wildcards.
-            where.append("substr(status, 1, ?) = ?")
-            params += [len(status_prefix), status_prefix]
-        if cursor is not None:
-            created_at, session_id = decode_cursor(cursor)
-            where.append("(created_at < ? OR (created_at = ? AND session_id < ?))")
-            params += [created_at, created_at, session_id]
-        sql = f"WHERE {' AND '.join(where)} ORDER BY created_at DESC, session_id DESC LIMIT ?"
-        rows = self._select(SessionSummary, "sessions", sql, [*params, limit + 1])
-        page, more = rows[:limit], len(rows) > limit
-        return page, encode_cursor(page[-1].created_at, page[-1].session_id) if more else None
+        sql, params = list_where(
+            "?",
+            terminal_state=terminal_state,
+            open_only=open_only,
+            status_prefix=status_prefix,
+            limit=limit,
+            cursor=cursor,
+            tenant=tenant,
+        )
+        return page(self._select(SessionSummary, "sessions", sql, params), limit)
 
     def open_sessions(
         self, *, updated_before: float | None = None, owner_prefix: str | None = None
     ) -> builtins.list[SessionSummary]:
-        where = "WHERE terminal_state IS NULL"
-        params: builtins.list[object] = []
-        if updated_before is not None:
-            where += " AND updated_at < ?"
-            params.append(updated_before)
-        if owner_prefix is not None:
-            where += " AND substr(owner, 1, ?) = ?"
-            params += [len(owner_prefix), owner_prefix]
-        return self._select(SessionSummary, "sessions", f"{where} ORDER BY updated_at", params)
+        where, params = open_where(
+            "?", updated_before=updated_before, owner_prefix=owner_prefix
+        )
+        return self._select(SessionSummary, "sessions", where, params)
 
     def record_intent(self, intent: ToolIntent) -> ToolIntent:
         if intent.kind not in INTENT_KINDS:

@@ -114,16 +114,7 @@ def _gen(state: SessionState) -> int:
 
 
 def _sent(*, valid_s: float | None = 60.0) -> SessionState:
-    state = SessionState("s1")
-    for event, at in (
-        (ev.CallOffered(), 0.0),
-        (ev.CallAnswered(), 1.0),
-        (ev.TurnStarted("t1"), 2.0),
-        (ev.TurnCommitted("t1"), 3.0),
-        (ev.ToolIntent("k1", "charge", "write", "d", "t1", {}, valid_s), 4.0),
-        (ev.ToolRequestSent("k1"), 4.1),
-    ):
-        state, _ = step(state, event, at)
+    state, _ = step(_admitted(valid_s=valid_s), ev.ToolRequestSent("k1"), 4.1)
     return state
 
 
