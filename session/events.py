@@ -350,6 +350,16 @@ class ToolRequestSent(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class ToolRequestWithheld(Event):
+    """A request logged sent never left: the interruption that froze the gate stopped it
+    before its first byte (its ``tool_request_sent`` was durable, its HTTP had not begun). It is
+    known unsent, so it is held again, not asked about (session/ledger.py)."""
+
+    type: ClassVar[str] = "tool_request_withheld"
+    key: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class ToolReceipt(Event):
     """``outcome``: one of :class:`~session.vocabulary.Outcome` (anything else is refused)."""
 
@@ -487,6 +497,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         ResponseFinished,
         ToolIntent,
         ToolRequestSent,
+        ToolRequestWithheld,
         ToolReceipt,
         ToolReceiptConflicted,
         ApprovalGiven,

@@ -15,7 +15,9 @@ before the next is acted on, and each named so in the session log (``Outstanding
   agents play ``payment_not_started``).
 - **sent**: ``tool_request_sent`` is logged, then the request leaves. From here on only the
   provider knows: a cut session asks its status endpoint by key (:func:`to_query`), never sends
-  it again.
+  it again. But an interruption that stops the request before its HTTP began (it was logged
+  sent, not yet durable-then-sent) logs ``tool_request_withheld``: it is held again, known
+  unsent, rather than asked about (asking would fence a key nobody used).
 - **receipted**: the receipt row is durable, then ``tool_receipt`` is folded in. What each
   receipt means is :data:`RECONCILIATION`, seed 000's table as a table.
 

@@ -421,6 +421,25 @@ def _on_tool_request_sent(state: SessionState, event: ev.ToolRequestSent, now: f
     return replace(state, outstanding=updated), []
 
 
+def _on_tool_request_withheld(
+    state: SessionState, event: ev.ToolRequestWithheld, now: float
+) -> Result:
+    intent = _find(state, event.key)
+    if intent is None or intent.stage is not IntentStage.SENT:
+        raise IllegalTransition(state, event, f"intent {event.key} is not on its way")
+    if state.gate is Gate.OPEN:
+        raise IllegalTransition(state, event, "a request is withheld only by a frozen gate")
+    updated = tuple(
+        replace(o, stage=IntentStage.HELD) if o.key == event.key else o for o in state.outstanding
+    )
+    out: Effects = []
+    state = replace(state, outstanding=updated)
+    if state.gate is Gate.RECONCILING and not ledger.to_query(updated):
+        # It was the one being asked about: nothing is left to ask, and it goes again now.
+        state = set_gate(state, Gate.OPEN, now, out)
+    return state, out
+
+
 def _on_tool_receipt(state: SessionState, event: ev.ToolReceipt, now: float) -> Result:
     if event.outcome not in RECEIPT_OUTCOMES:
         raise IllegalTransition(
@@ -788,6 +807,7 @@ TRANSITIONS: Mapping[type[ev.Event], Rule[Any]] = {rule.event: rule for rule in 
     # side effects: receipts still settle after the owner is lost (reconciliation)
     Rule(ev.ToolIntent, CALL_UP, _on_tool_intent, _NOT_UP),
     Rule(ev.ToolRequestSent, AFTER_OFFER, _on_tool_request_sent),
+    Rule(ev.ToolRequestWithheld, AFTER_OFFER, _on_tool_request_withheld),
     Rule(ev.ToolReceipt, AFTER_OFFER, _on_tool_receipt),
     Rule(ev.ToolReceiptConflicted, AFTER_OFFER, _on_tool_receipt_conflicted),
     Rule(ev.ApprovalGiven, CALL_UP, _on_approval_given, _NOT_UP),

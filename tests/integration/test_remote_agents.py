@@ -345,10 +345,13 @@ def test_a_link_dropped_right_after_a_tool_call_holds_it_then_sends_it_once(
     events = session_events(server)
     types = [e["type"] for e in events]
     assert "admin.drop_after_tool_call pay-1" in agent_log(agent)
-    # Admitted before the link was lost, sent after it came back, once.
+    # Admitted before the link was lost, sent after it came back, once. (When the loss came
+    # after tool_request_sent was logged but before its HTTP began, the log says so with
+    # tool_request_withheld: held again, then sent; still one request.)
     assert types.index("tool_intent") < types.index("agent_link_lost")
-    assert types.index("agent_link_lost") < types.index("tool_request_sent")
-    assert types.count("tool_request_sent") == 1
+    last_sent = len(types) - 1 - types[::-1].index("tool_request_sent")
+    assert types.index("agent_link_lost") < last_sent
+    assert types.count("tool_request_sent") - types.count("tool_request_withheld") == 1
     lost = next(e for e in events if e["type"] == "agent_link_lost")
     assert {"kind": "gate_changed", "old": "open", "new": "frozen", "frozen_s": 0.0} in lost[
         "effects"

@@ -209,6 +209,19 @@ def test_a_write_admitted_before_the_gate_froze_is_held_then_sent_once_it_reopen
     assert [o.stage for o in state.outstanding] == [IntentStage.SENT]
 
 
+def test_a_request_logged_sent_but_stopped_before_it_left_is_held_again() -> None:
+    # tool_request_sent was durable, the interruption cancelled the HTTP before its first byte.
+    state, effects = step(_sent(), ev.AgentLinkLost(), 4.2)
+    assert fx.CancelToolCalls(("k1",)) in effects
+    state, _ = step(state, ev.ToolRequestWithheld("k1"), 4.21)
+    assert [o.stage for o in state.outstanding] == [IntentStage.HELD]
+    state, effects = step(state, ev.AgentLinkRestored(_gen(state)), 5.0)
+    assert fx.SendToolRequest("k1") in effects  # known unsent: sent again, never asked about
+    assert not any(isinstance(e, fx.Reconcile) for e in effects)
+    with pytest.raises(IllegalTransition):  # only a frozen gate withholds a request
+        step(state, ev.ToolRequestWithheld("k1"), 5.1)
+
+
 def test_a_held_write_waits_for_the_sent_ones_to_be_reconciled() -> None:
     state = _sent()
     state, _ = step(state, ev.ToolIntent("k2", "charge", "write", "d2", "t1", {}, 60.0), 4.2)

@@ -860,6 +860,7 @@ SAMPLES: list[ev.Event] = [
     ev.ToolRequestSent("k1"),
     ev.ToolReceipt("k1", "failed", "card declined"),
     ev.ToolReceiptConflicted("k1", "committed", "failed"),
+    ev.ToolRequestWithheld("k1"),
     ev.ApprovalGiven("a1"),
     ev.CallerSaid("fifty nine cents", "amount", 0.62, "accepted"),
     ev.DeadlineFired("honesty", 2),

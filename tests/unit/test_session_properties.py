@@ -177,6 +177,7 @@ def blind_strategies(generation: int, current_attempt: int) -> EventStrategies:
             approval_valid_s=st.sampled_from([None, 0.5, 300.0]),
         ),
         ev.ToolRequestSent: st.builds(ev.ToolRequestSent, key=keys),
+        ev.ToolRequestWithheld: st.builds(ev.ToolRequestWithheld, key=keys),
         ev.ApprovalGiven: st.builds(ev.ApprovalGiven, approval_id=st.sampled_from(APPROVALS)),
         ev.CallerSaid: st.builds(
             ev.CallerSaid,

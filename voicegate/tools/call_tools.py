@@ -94,6 +94,8 @@ class CallTools:
     receipts_seen: int = 0
     # Keys this session settled, with their outcome: a later ask for one is a duplicate.
     settled: dict[str, ledger.Known] = field(default_factory=dict)
+    # Keys whose request may have left (their HTTP began): never withheld, only reconciled.
+    _on_the_wire: set[str] = field(default_factory=set)
 
     # --- asked by the agent (inside the call's task) -----------------------------------------
 
@@ -254,6 +256,9 @@ class CallTools:
             )
             return
         context = {"X-Voicegate-Session": self.session_id}
+        # From here the request may leave: an interruption after this only stops the wait for
+        # its answer, and reconciliation asks the provider. Before it, nothing has left.
+        self._on_the_wire.add(key)
         outcome = await self.services.tool_client.request(tool, key, body, context)
         via = "request"
         if outcome.outcome == Outcome.UNKNOWN:
@@ -391,3 +396,22 @@ class CallTools:
         for key, task in list(self._tasks.items()):
             if keys is None or key in keys:
                 task.cancel()
+                if key not in self._on_the_wire and self.find_outstanding(key) is not None:
+                    # Logged sent, stopped before it left: the session holds it again.
+                    self._withheld(key)
+
+    def _withheld(self, key: str) -> None:
+        done: Future[None] = Future()
+        done.set_result(None)
+
+        def hold(_: Future[None]) -> None:
+            intent = self.find_outstanding(key)
+            if intent is None or intent.stage != "sent":
+                return
+            log.info("tool.withheld", extra={"session_id": self.session_id, "key": key})
+            try:
+                self.apply(sev.ToolRequestWithheld(key))
+            except (IllegalTransition, StoreError) as exc:
+                log.warning("tool.withheld_refused", extra={"key": key, "why": str(exc)})
+
+        self.in_task(hold, done)
