@@ -71,6 +71,7 @@ from session.store.migrations import (
     check,
     steps_from,
 )
+from session.store.rows import JSON_FIELDS, dump, names
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -80,7 +81,6 @@ log = logging.getLogger("voicegate.store")
 R = TypeVar("R", bound="DataclassInstance")
 T = TypeVar("T")
 
-_JSON_FIELDS = frozenset({"payload", "effects", "state", "meta", "arguments", "detail"})
 # Serialization failures and deadlocks: the transaction did nothing and may simply run again.
 _RETRY_SQLSTATES = frozenset({"40001", "40P01"})
 # Every migration of one database runs under this advisory lock, so two nodes migrating at once
@@ -153,38 +153,20 @@ class Availability:
             return None if self._down_since is None else self._clock() - self._down_since
 
 
-def _names(cls: type[DataclassInstance]) -> builtins.list[str]:
-    return [field.name for field in dataclasses.fields(cls)]
-
-
-def _dump(value: object) -> str:
-    # The same canonical JSON as the SQLite store: equal values are stored as equal text.
-    def default(obj: object) -> object:
-        if isinstance(obj, Mapping):
-            return dict(obj)
-        if isinstance(obj, Sequence) and not isinstance(obj, str | bytes):
-            return builtins.list(obj)
-        raise TypeError(f"{type(obj).__name__} is not JSON serializable")
-
-    return json.dumps(
-        value, sort_keys=True, separators=(",", ":"), allow_nan=False, default=default
-    )
-
-
 def _params(record: DataclassInstance) -> dict[str, object]:
     """Named parameters for a record; JSON fields serialized now, so a value that is not JSON
     fails before any transaction starts."""
-    values = {name: getattr(record, name) for name in _names(type(record))}
-    return {k: Json(_dump(v), dumps=str) if k in _JSON_FIELDS else v for k, v in values.items()}
+    values = {name: getattr(record, name) for name in names(type(record))}
+    return {k: Json(dump(v), dumps=str) if k in JSON_FIELDS else v for k, v in values.items()}
 
 
 def _insert(table: str, cls: type[DataclassInstance]) -> str:
-    names = _names(cls)
-    return f"INSERT INTO {table} ({', '.join(names)}) VALUES (%({')s, %('.join(names)})s)"
+    columns = names(cls)
+    return f"INSERT INTO {table} ({', '.join(columns)}) VALUES (%({')s, %('.join(columns)})s)"
 
 
 def _record(cls: type[R], row: Sequence[Any]) -> R:
-    return cls(**dict(zip(_names(cls), row, strict=True)))
+    return cls(**dict(zip(names(cls), row, strict=True)))
 
 
 class _Lost(Exception):
@@ -349,7 +331,7 @@ class PostgresSessionStore:
     def _select(
         self, cls: type[R], table: str, where: str, params: Sequence[object]
     ) -> builtins.list[R]:
-        sql = f"SELECT {', '.join(_names(cls))} FROM {table} {where}"
+        sql = f"SELECT {', '.join(names(cls))} FROM {table} {where}"
         return [_record(cls, row) for row in self._read(sql, params)]
 
     # --- schema -------------------------------------------------------------------------------
@@ -789,8 +771,8 @@ def _canonical(record: EventRecord) -> EventRecord:
     # As the store gives it back: JSON through its canonical text.
     return dataclasses.replace(
         record,
-        payload=json.loads(_dump(record.payload)),
-        effects=json.loads(_dump(record.effects)),
+        payload=json.loads(dump(record.payload)),
+        effects=json.loads(dump(record.effects)),
     )
 
 
@@ -798,7 +780,7 @@ def _events(
     cur: psycopg.Cursor[Any], session_id: str, after_seq: int, limit: int
 ) -> builtins.list[EventRecord]:
     cur.execute(
-        f"SELECT {', '.join(_names(EventRecord))} FROM events"
+        f"SELECT {', '.join(names(EventRecord))} FROM events"
         " WHERE session_id = %s AND seq > %s ORDER BY seq LIMIT %s",
         (session_id, after_seq, limit),
     )
@@ -807,7 +789,7 @@ def _events(
 
 def _intent(cur: psycopg.Cursor[Any], key: str) -> ToolIntent | None:
     cur.execute(
-        f"SELECT {', '.join(_names(ToolIntent))} FROM tool_intents WHERE idempotency_key = %s",
+        f"SELECT {', '.join(names(ToolIntent))} FROM tool_intents WHERE idempotency_key = %s",
         (key,),
     )
     row = cur.fetchone()
@@ -823,7 +805,7 @@ def _same_intent(stored: ToolIntent, intent: ToolIntent) -> None:
 
 def _receipt(cur: psycopg.Cursor[Any], key: str) -> ToolReceipt | None:
     cur.execute(
-        f"SELECT {', '.join(_names(ToolReceipt))} FROM tool_receipts WHERE idempotency_key = %s",
+        f"SELECT {', '.join(names(ToolReceipt))} FROM tool_receipts WHERE idempotency_key = %s",
         (key,),
     )
     row = cur.fetchone()

@@ -12,14 +12,13 @@ No column holds raw audio.
 from __future__ import annotations
 
 import builtins
-import dataclasses
 import json
 import sqlite3
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from session.store import (
     DEFAULT_TENANT,
@@ -51,6 +50,7 @@ from session.store.migrations import (
     check,
     steps_from,
 )
+from session.store.rows import JSON_FIELDS, dump, names
 from session.store.sqlite_resume import ResumeHandlesSql
 
 if TYPE_CHECKING:
@@ -58,42 +58,23 @@ if TYPE_CHECKING:
 
 R = TypeVar("R", bound="DataclassInstance")
 
-_JSON_FIELDS: Final = frozenset({"payload", "effects", "state", "meta", "arguments", "detail"})
 
 
 # Each table's columns are named as its record's fields, so rows map to records one to one.
-def _names(cls: type[DataclassInstance]) -> builtins.list[str]:
-    return [field.name for field in dataclasses.fields(cls)]
-
-
-def _dump(value: object) -> str:
-    # Canonical JSON, so equal values are stored as equal text; NaN is refused (not JSON).
-    def default(obj: object) -> object:
-        if isinstance(obj, Mapping):
-            return dict(obj)
-        if isinstance(obj, Sequence) and not isinstance(obj, str | bytes):
-            return builtins.list(obj)
-        raise TypeError(f"{type(obj).__name__} is not JSON serializable")
-
-    return json.dumps(
-        value, sort_keys=True, separators=(",", ":"), allow_nan=False, default=default
-    )
-
-
 def _params(record: DataclassInstance) -> dict[str, object]:
     """Named SQL parameters for a record, its JSON fields serialized."""
-    values = {name: getattr(record, name) for name in _names(type(record))}
-    return {k: _dump(v) if k in _JSON_FIELDS else v for k, v in values.items()}
+    values = {name: getattr(record, name) for name in names(type(record))}
+    return {k: dump(v) if k in JSON_FIELDS else v for k, v in values.items()}
 
 
 def _insert(table: str, cls: type[DataclassInstance], verb: str = "INSERT") -> str:
-    names = _names(cls)
-    return f"{verb} INTO {table} ({', '.join(names)}) VALUES (:{', :'.join(names)})"
+    columns = names(cls)
+    return f"{verb} INTO {table} ({', '.join(columns)}) VALUES (:{', :'.join(columns)})"
 
 
 def _record(cls: type[R], row: Sequence[Any]) -> R:
-    values = zip(_names(cls), row, strict=True)
-    return cls(**{k: json.loads(v) if k in _JSON_FIELDS else v for k, v in values})
+    values = zip(names(cls), row, strict=True)
+    return cls(**{k: json.loads(v) if k in JSON_FIELDS else v for k, v in values})
 
 
 class SqliteSessionStore(ResumeHandlesSql):
@@ -180,7 +161,7 @@ class SqliteSessionStore(ResumeHandlesSql):
     def _select(
         self, cls: type[R], table: str, where: str, params: Sequence[object]
     ) -> builtins.list[R]:
-        sql = f"SELECT {', '.join(_names(cls))} FROM {table} {where}"
+        sql = f"SELECT {', '.join(names(cls))} FROM {table} {where}"
         try:
             return [_record(cls, row) for row in self._db.execute(sql, params)]
         except sqlite3.Error as exc:

@@ -73,9 +73,6 @@ def rule_of(tool: ToolSettings) -> ledger.ToolRule:
     )
 
 
-# Kept for the callers that derived digests here before the ledger owned the rule.
-intent_digest = ledger.intent_digest
-
 
 @dataclass
 class CallTools:
