@@ -227,6 +227,38 @@ def name_token() -> Rule:
     return Rule(allowed, check)
 
 
+def node_name(*, empty_ok: bool = False) -> Rule:
+    # Its workers are "<node>.<i>": a dot inside would make one node's owner ids another's prefix.
+    allowed = "1 to 48 letters, digits, '_' or '-'" + (", or empty" if empty_ok else "")
+
+    def check(value: str) -> str:
+        if empty_ok and value == "":
+            return value
+        if not re.fullmatch(r"[A-Za-z0-9_-]{1,48}", value):
+            raise _refuse(allowed)
+        return value
+
+    return Rule(allowed, check)
+
+
+def http_url(*, empty_ok: bool = False) -> Rule:
+    allowed = "an http:// or https:// URL with a host" + (", or empty" if empty_ok else "")
+
+    def check(value: str) -> str:
+        if empty_ok and value == "":
+            return value
+        try:
+            parts = urllib.parse.urlsplit(value)
+            parts.port  # noqa: B018  (raises ValueError on a bad port)
+        except ValueError:
+            raise _refuse(allowed) from None
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise _refuse(allowed)
+        return value.rstrip("/")
+
+    return Rule(allowed, check)
+
+
 def prompt_name(*, empty_ok: bool = False) -> Rule:
     """The name of a prompt file (``<name>.wav`` in agent.prompts_dir); whether it exists is
     checked at start-up, against the directory (voicegate.runtime.prompt_problems)."""
@@ -267,9 +299,7 @@ def existing_file(*, empty_ok: bool = False) -> Rule:
     )
 
 
-def _path_rule(
-    allowed: str, empty_ok: bool, require: Callable[[Path], None] | None = None
-) -> Rule:
+def _path_rule(allowed: str, empty_ok: bool, require: Callable[[Path], None] | None = None) -> Rule:
     if empty_ok:
         allowed = "empty, or " + allowed
 

@@ -26,11 +26,13 @@ from config.rules import (
     empty_or_one_of,
     float_range,
     header_text,
+    http_url,
     int_choice,
     int_range,
     ip_literal,
     key,
     name_token,
+    node_name,
     one_of,
     postgres_url,
     sha256_hashes,
@@ -439,6 +441,41 @@ class PoolSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class NodeSettings:
+    name: str = field(
+        default="",
+        metadata=key(
+            node_name(empty_ok=True),
+            "Empty: this pool is the whole installation. A name unique in the cluster: this pool "
+            "is one node of several sharing storage.url behind one front door (docs/cluster.md); "
+            "its workers are then '<name>.<i>'",
+        ),
+    )
+    heartbeat_s: float = field(
+        default=2.0,
+        metadata=key(
+            float_range(0.2, 60), "Seconds between this node's heartbeats in the node registry"
+        ),
+    )
+    dead_after_s: float = field(
+        default=10.0,
+        metadata=key(
+            float_range(1, 3600),
+            "A node silent this long is dead: a surviving node takes over its sessions (at "
+            "least 3 x heartbeat_s, and well above the nodes' clock skew)",
+        ),
+    )
+    api_url: str = field(
+        default="",
+        metadata=key(
+            http_url(empty_ok=True),
+            "Where people and other nodes reach this node's control API (shown in /v1/cluster "
+            "and in a 409 for a call held elsewhere); empty: http://<http.address>:<http.port>",
+        ),
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class StorageSettings:
     data_dir: Path = field(
         default=Path("voicegate-data"),
@@ -587,6 +624,7 @@ class Settings:
     storage: StorageSettings = field(default_factory=StorageSettings)
     session: SessionSettings = field(default_factory=SessionSettings)
     pool: PoolSettings = field(default_factory=PoolSettings)
+    node: NodeSettings = field(default_factory=NodeSettings)
     agent: AgentSettings = field(default_factory=AgentSettings)
     transfer: TransferSettings = field(default_factory=TransferSettings)
     outbound: OutboundSettings = field(default_factory=OutboundSettings)
@@ -682,6 +720,7 @@ def cross_check(s: Settings) -> list[CrossProblem]:
         )
     problems.extend(agent_problems(s.agent, s.session))
     problems.extend(_pool_problems(s))
+    problems.extend(_node_problems(s))
     problems.extend(transfer_problems(s.transfer))
     return problems
 
@@ -744,6 +783,53 @@ def transfer_problems(t: TransferSettings) -> list[CrossProblem]:
             CrossProblem(
                 ("transfer.consult_accept_key", "transfer.consult_decline_key"),
                 "the same key cannot both accept and decline: choose two different keys",
+            )
+        )
+    return problems
+
+
+def _node_problems(s: Settings) -> list[CrossProblem]:
+    """A node of a cluster: a pool, without a front door of its own, on the shared store."""
+    n = s.node
+    if not n.name:
+        return []
+    problems: list[CrossProblem] = []
+    if not s.storage.url:
+        problems.append(
+            CrossProblem(
+                ("node.name", "storage.url"),
+                "a node shares its sessions with the others: set storage.url to the cluster's "
+                "PostgreSQL",
+            )
+        )
+    if s.pool.workers < 2:
+        problems.append(
+            CrossProblem(
+                ("node.name", "pool.workers"),
+                "a node is a pool whose supervisor heartbeats it: pool.workers must be 2 or more",
+            )
+        )
+    if s.pool.front_door:
+        problems.append(
+            CrossProblem(
+                ("node.name", "pool.front_door"),
+                "a node's calls come through the cluster's front door: set pool.front_door = "
+                "false (voicegate front-door-config writes that Kamailio's lists)",
+            )
+        )
+    if n.heartbeat_s * 3 > n.dead_after_s:
+        problems.append(
+            CrossProblem(
+                ("node.heartbeat_s", "node.dead_after_s"),
+                "dead_after_s must be at least 3 x heartbeat_s",
+            )
+        )
+    if ipaddress.ip_address(s.pool.worker_address).is_loopback:
+        problems.append(
+            CrossProblem(
+                ("node.name", "pool.worker_address"),
+                "the front door on another machine must reach the workers: set "
+                "pool.worker_address to an address it can",
             )
         )
     return problems

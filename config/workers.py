@@ -3,8 +3,9 @@
 With ``pool.workers == 1`` the one worker is the whole server and serves the settings as given.
 With more, Kamailio owns ``sip.address:sip.port`` and the supervisor owns ``http``; worker ``i``
 gets ``pool.worker_sip_port + i`` on ``pool.worker_address``, the ``i``-th equal slice of the RTP
-range, a loopback control port, and the name ``<session.worker_name>.<i>`` (so a restarted worker
-finds exactly its own predecessor's sessions).
+range, a loopback control port, and the name ``<pool_name>.<i>`` (so a restarted worker finds
+exactly its own predecessor's sessions): ``node.name`` for a node of a cluster (unique among the
+nodes, so are its workers'), else ``session.worker_name``.
 """
 
 from __future__ import annotations
@@ -37,6 +38,11 @@ class WorkerSlot:
         return f"http://{WORKER_HTTP_ADDRESS}:{self.http_port}"
 
 
+def pool_name(settings: Settings) -> str:
+    """What the pool's process names start with: the node's name in a cluster."""
+    return settings.node.name or settings.session.worker_name
+
+
 def worker_slots(settings: Settings) -> list[WorkerSlot]:
     pool, media = settings.pool, settings.media
     if pool.workers == 1:
@@ -60,7 +66,7 @@ def worker_slots(settings: Settings) -> list[WorkerSlot]:
         slots.append(
             WorkerSlot(
                 i,
-                f"{settings.session.worker_name}.{i}",
+                f"{pool_name(settings)}.{i}",
                 pool.worker_address,
                 pool.worker_sip_port + i,
                 pool.worker_http_port + i,

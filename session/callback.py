@@ -69,6 +69,30 @@ def drop(state: SessionState, reason: str, say: str, now: float, out: fx.Effects
     )
 
 
+def may_park(state: SessionState) -> bool:
+    """The process serving the call died with the caller on the line and a write under way
+    (its resume code read out), and callbacks are on: the session may wait for a callback
+    (``OwnerLost(park=True)``) rather than end. Without a code a callback could not prove it is
+    the same caller, and nothing is left to hear."""
+    return (
+        state.policy.callback_window_s > 0
+        and state.signaling in (Signaling.UP, Signaling.REINVITE_PENDING)
+        and bool(state.resume_code)
+    )
+
+
+def park(state: SessionState, reason: str, stage: EndingStage, now: float) -> SessionState:
+    """Keep a session whose process died open for the callback window, dropped; nobody calls
+    back, and it ends with ``reason`` at ``stage`` (:func:`on_callback_ended`)."""
+    return replace(
+        state,
+        signaling=Signaling.DROPPED,
+        dropped_until=now + state.policy.callback_window_s,
+        dropped_reason=reason,
+        dropped_stage=stage.value,
+    )
+
+
 def on_called_back(state: SessionState, event: ev.CalledBack, now: float) -> Result:
     """The caller called back and chose to continue: offered again (the runtime's call is this
     session's now), and the gate reconciles before any new work (seed 000)."""
@@ -91,6 +115,7 @@ def on_called_back(state: SessionState, event: ev.CalledBack, now: float) -> Res
         agent_link=AgentLink.CONNECTED,
         dropped_until=None,
         dropped_reason="",
+        dropped_stage="",
         answered_at=None,
     )
     if state.gate is Gate.OPEN:
@@ -106,10 +131,12 @@ def on_callback_ended(state: SessionState, event: ev.CallbackEnded, now: float) 
         raise IllegalTransition(state, event, "the session's callback window is still open")
     out: fx.Effects = []
     reason = state.dropped_reason or "media not recovered"
-    state = replace(state, dropped_until=None)
-    return ending.terminate(
-        state, Terminal.TIMED_OUT, reason, EndingStage.RECOVERY, now, out, caller_present=False
-    ), out
+    if state.dropped_stage == EndingStage.PROCESS.value:
+        terminal, stage = Terminal.FAILED, EndingStage.PROCESS  # its process died (park)
+    else:
+        terminal, stage = Terminal.TIMED_OUT, EndingStage.RECOVERY
+    state = replace(state, dropped_until=None, dropped_stage="")
+    return ending.terminate(state, terminal, reason, stage, now, out, caller_present=False), out
 
 
 def on_resume_code_issued(state: SessionState, event: ev.ResumeCodeIssued, now: float) -> Result:

@@ -443,10 +443,17 @@ class OperatorResolution(Event):
 @dataclass(frozen=True, slots=True)
 class OwnerLost(Event):
     """The process serving the session died: the caller is gone, but outstanding tool intents
-    are still to be reconciled before the session is finalised (seed 000's third step)."""
+    are still to be reconciled before the session is finalised (seed 000's third step).
+
+    ``park``: the caller was cut off mid-call with a write under way (its resume code read out),
+    so, as after media lost for good, the session waits ``callback_window_s`` for a callback
+    (session/callback.py) instead of being finalised; its intents are settled meanwhile. The
+    taker decides (:func:`session.callback.may_park`), so older logs fold as they did.
+    """
 
     type: ClassVar[str] = "owner_lost"
     reason: str = ""
+    park: bool = False  # absent from logs written before parking: False
 
 
 @dataclass(frozen=True, slots=True)

@@ -663,6 +663,8 @@ def _on_operator_resolution(
 
 
 def _on_owner_lost(state: SessionState, event: ev.OwnerLost, now: float) -> Result:
+    if event.park and not callback.may_park(state):
+        raise IllegalTransition(state, event, "this session cannot wait for a callback")
     out: Effects = []
     if state.turn is not None or state.response is not None:
         out.append(fx.StopGeneration())
@@ -686,6 +688,10 @@ def _on_owner_lost(state: SessionState, event: ev.OwnerLost, now: float) -> Resu
         if query:
             state = set_gate(state, Gate.RECONCILING, now, out)
             out.append(fx.Reconcile(query))
+    if event.park:
+        # Cut off, not gone by choice: the caller may call back and hear what became of the
+        # write (its receipts settle meanwhile); nobody does, and it ends as the reaper would.
+        state = callback.park(state, event.reason, EndingStage.PROCESS, now)
     return state, out
 
 
@@ -808,8 +814,9 @@ TRANSITIONS: Mapping[type[ev.Event], Rule[Any]] = {rule.event: rule for rule in 
     Rule(ev.ToolIntent, CALL_UP, _on_tool_intent, _NOT_UP),
     Rule(ev.ToolRequestSent, AFTER_OFFER, _on_tool_request_sent),
     Rule(ev.ToolRequestWithheld, AFTER_OFFER, _on_tool_request_withheld),
-    Rule(ev.ToolReceipt, AFTER_OFFER, _on_tool_receipt),
-    Rule(ev.ToolReceiptConflicted, AFTER_OFFER, _on_tool_receipt_conflicted),
+    # ... and while a session whose process died waits for its caller to call back
+    Rule(ev.ToolReceipt, AFTER_OFFER | DROPPED, _on_tool_receipt),
+    Rule(ev.ToolReceiptConflicted, AFTER_OFFER | DROPPED, _on_tool_receipt_conflicted),
     Rule(ev.ApprovalGiven, CALL_UP, _on_approval_given, _NOT_UP),
     Rule(ev.CallerSaid, CALL_UP, _on_caller_said, Ignore("the call is not up")),
     # time and people

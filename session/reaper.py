@@ -38,10 +38,11 @@ REASON_STALE = "the process serving the session stopped"
 REASON_PREDECESSOR = "the process serving the session exited before the session ended"
 
 
+REASON_NODE = "the node serving the session died"
 REASON_AWAY_EXPIRED = "the resume handle expired unused"
 
 
-def _away(summary: SessionSummary) -> bool:
+def parked(summary: SessionSummary) -> bool:
     """Away or dropped: parked with no owner touching it, and not lost (it has its own end)."""
     return summary.status.startswith((AWAY_STATUS, DROPPED_STATUS))
 
@@ -54,7 +55,7 @@ def reap_one(
     False if it ended meanwhile or another writer got there first (it took the session over
     after us, or ended it), and for a session that is away (:func:`expire_away` ends those).
     """
-    if _away(summary):
+    if parked(summary):
         return False
     try:
         session = DurableSession.take_over(store, summary.session_id, owner=me, now=now)
@@ -97,11 +98,19 @@ def reap_predecessors(store: SessionStore, *, worker: str, me: str, now: float) 
     of my worker that is not me is dead, whatever the age of its sessions (it is this very
     process's predecessor).
     """
+    return reap_owned(
+        store, prefix=OwnerId.prefix(worker), me=me, now=now, reason=REASON_PREDECESSOR
+    )
+
+
+def reap_owned(store: SessionStore, *, prefix: str, me: str, now: float, reason: str) -> list[str]:
+    """Finalise every open session whose owner id starts with ``prefix`` (owners known dead: a
+    worker's predecessors, a dead node's processes), except ``me``'s own."""
     reaped = []
-    for summary in store.open_sessions(owner_prefix=OwnerId.prefix(worker)):
+    for summary in store.open_sessions(owner_prefix=prefix):
         if summary.owner == me:
             continue
-        if reap_one(store, summary, me=me, now=now, reason=REASON_PREDECESSOR):
+        if reap_one(store, summary, me=me, now=now, reason=reason):
             reaped.append(summary.session_id)
     return reaped
 
@@ -119,10 +128,14 @@ def expire_away(store: SessionStore, *, me: str, now: float) -> list[str]:
 def expire_dropped(store: SessionStore, *, me: str, now: float) -> list[str]:
     """End every dropped session whose callback window is over, with the ending its recovery's
     deadline gave it at the drop (session.callback): ``timed_out`` at stage ``recovery``, the
-    same reason. A caller who called back meanwhile moved it on, so it is left alone."""
+    same reason (``failed`` at stage ``process`` for one its process's death parked). A caller
+    who called back meanwhile moved it on, so it is left alone. One with a write outstanding
+    waits until a sweep has asked the provider about it (settle_lapsed_drops in
+    voicegate/tools/startup_reconcile.py): its ending must say what the provider did."""
     return _expire_parked(
         store, DROPPED_STATUS, Signaling.DROPPED, lambda state: state.dropped_until,
         CallbackEnded("window"), "session.callback_window_passed", me=me, now=now,
+        settled=lambda state: not state.outstanding,
     )  # fmt: skip
 
 
@@ -136,6 +149,7 @@ def _expire_parked(
     *,
     me: str,
     now: float,
+    settled: Callable[[SessionState], bool] = lambda state: True,
 ) -> list[str]:
     # A parked session (away or dropped) whose time is over ends with ``ending``; one the
     # caller came back to between the read and the take-over is no longer parked.
@@ -146,6 +160,8 @@ def _expire_parked(
         state = DurableSession.load(store, summary.session_id).state
         deadline = until(state)
         if state.signaling is not parked or deadline is None or now < deadline:
+            continue
+        if not settled(state):
             continue
         try:
             session = DurableSession.take_over(store, summary.session_id, owner=me, now=now)

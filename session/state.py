@@ -231,6 +231,9 @@ class SessionState:
     # if nobody does (the one it would have had at once before callbacks).
     dropped_until: float | None = None
     dropped_reason: str = ""
+    # ... and the stage of that ending: "" for media lost (timed_out at stage recovery),
+    # "process" for a caller cut off by its process's death (failed at stage process).
+    dropped_stage: str = ""
     # The keyed digest of the short resume code the caller was read when a write started
     # (voicegate/call/callback_codes.py); "" while none was issued. Never the code itself.
     resume_code: str = ""
@@ -283,6 +286,8 @@ class SessionState:
         data["acceptable_terminal_states"] = list(self.acceptable_terminal_states())
         data["outstanding"] = [o.to_dict() for o in self.outstanding]
         data["deadlines"] = {k: dataclasses.asdict(v) for k, v in sorted(self.deadlines.items())}
+        if not self.dropped_stage:
+            del data["dropped_stage"]  # checkpoints and histories from before parking
         return data
 
     @classmethod
@@ -324,5 +329,6 @@ class SessionState:
             # ... and checkpoints from before callbacks none of these.
             dropped_until=data.get("dropped_until"),
             dropped_reason=data.get("dropped_reason", ""),
+            dropped_stage=data.get("dropped_stage", ""),
             resume_code=data.get("resume_code", ""),
         )

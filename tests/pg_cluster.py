@@ -51,6 +51,10 @@ class PgClusterError(RuntimeError):
     """A throw-away cluster could not be made, started, stopped or used (the message says why)."""
 
 
+class _PortTakenOnListen(PgClusterError):
+    """The port was free on 127.0.0.1 but taken on a ``listen`` address: another port may do."""
+
+
 def _has_server_binaries(directory: str) -> bool:
     return all(os.access(os.path.join(directory, name), os.X_OK) for name in ("initdb", "pg_ctl"))
 
@@ -144,10 +148,22 @@ class PgCluster:
     The data survives :meth:`stop`, :meth:`kill` and :meth:`restart` (the outage tests rely on it);
     :meth:`remove` deletes everything. A cluster its process forgot (the process was killed) is
     stopped and deleted by the next cluster started on the machine.
+
+    ``listen``: addresses served besides 127.0.0.1 (a network namespace's gateway, see
+    tests/netns.py), each trusting itself; ``trust``: networks (``10.200.0.0/24``) whose clients
+    are trusted too, as 127.0.0.1's are.
     """
 
-    def __init__(self, bindir: str | None = None) -> None:
+    def __init__(
+        self,
+        bindir: str | None = None,
+        *,
+        listen: tuple[str, ...] = (),
+        trust: tuple[str, ...] = (),
+    ) -> None:
         self._bindir = bindir
+        self._listen = listen
+        self._trust = trust
         self._base: Path | None = None
         self._port: int | None = None
         self._running = False
@@ -188,6 +204,11 @@ class PgCluster:
     def url(self, dbname: str = "postgres") -> str:
         return f"postgresql://{_USER}@{HOST}:{self.port}/{dbname}"
 
+    def url_on(self, address: str, dbname: str = "postgres") -> str:
+        """The URL through ``address``, one of ``listen``."""
+        host = f"[{address}]" if ":" in address else address
+        return f"postgresql://{_USER}@{host}:{self.port}/{dbname}"
+
     # --- life cycle --------------------------------------------------------------------------
 
     def start(self) -> PgCluster:
@@ -195,6 +216,14 @@ class PgCluster:
         time and on the same port after a stop or kill. Returns self."""
         if self._running:
             return self
+        for address in self._listen:
+            # Bound by nobody, only asked: an address this machine lacks fails here, not as a
+            # server that started without it.
+            with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET) as probe:
+                try:
+                    probe.bind((address, 0))
+                except OSError as error:
+                    raise PgClusterError(f"cannot listen on {address}: {error}") from error
         began = time.monotonic()
         if self._base is None:
             self._init()
@@ -333,6 +362,12 @@ class PgCluster:
             "--locale=C",  # C: the same collation on every machine
             what="initdb",
         )
+        clients = [f"{address}/{32 if ':' not in address else 128}" for address in self._listen]
+        if clients or self._trust:
+            # Appended by us, root, to the postgres user's file: its owner and mode stay.
+            with open(self.data_dir / "pg_hba.conf", "a") as hba:
+                for network in [*clients, *self._trust]:
+                    hba.write(f"host all all {network} trust\n")
 
     def _unprivileged_user(self) -> pwd.struct_passwd:
         try:
@@ -364,7 +399,8 @@ class PgCluster:
             try:
                 self._start_server(port)
             except PgClusterError as error:
-                if not _PORT_TAKEN.search(self.log_tail(10)):
+                taken = isinstance(error, _PortTakenOnListen)
+                if not taken and not _PORT_TAKEN.search(self.log_tail(10)):
                     raise
                 failures.append(f"port {port}: {error}")
                 continue
@@ -376,8 +412,10 @@ class PgCluster:
 
     def _start_server(self, port: int) -> None:
         socket_dir = shlex.quote(str(self.directory))  # pg_ctl hands -o to a shell
+        addresses = ",".join([HOST, *self._listen])
+        logged = self.log_path.stat().st_size if self.log_path.exists() else 0
         options = (
-            f"-p {port} -k {socket_dir} -c listen_addresses={HOST}"
+            f"-p {port} -k {socket_dir} -c listen_addresses={shlex.quote(addresses)}"
             " -c fsync=on -c synchronous_commit=on"
         )
         self._run(
@@ -396,6 +434,17 @@ class PgCluster:
         )
         self._port = port
         self._running = True
+        if self._listen:
+            # The server starts if any one address binds, and only logs the others.
+            with open(self.log_path, errors="replace") as log:
+                log.seek(logged)
+                unbound = [line for line in log if "could not bind" in line]
+            if unbound:
+                self.stop()
+                failure = f"the cluster on port {port} does not listen on every address"
+                taken = any("Address already in use" in line for line in unbound)
+                error_type = _PortTakenOnListen if taken else PgClusterError
+                raise error_type(self._failure(failure, "".join(unbound).strip()))
 
     def _run(self, program: str, *args: str, what: str) -> None:
         assert self._bindir is not None

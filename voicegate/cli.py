@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import json
 import logging
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ from config.workers import worker_settings, worker_slots
 from session.store import StoreError
 from session.store.location import StoreLocation
 from session.store.migrations import SchemaMismatch
+from session.store.nodes import NodeRecord, NodeState
 from telephony.endpoint import TelephonyStartError
 from voicegate.control.http_api import make_app
 from voicegate.control.http_rules import app_runner as app_runner_for
@@ -57,6 +59,17 @@ def _parser() -> argparse.ArgumentParser:
         default=[],
         metavar="NAME=SIP_URI",
         help="a worker, e.g. hostb.0=sip:10.0.0.12:5100 (repeat; default: this host's pool)",
+    )
+    door.add_argument(
+        "--from-store",
+        action="store_true",
+        help="list every node of the cluster from the store's node registry (storage.url)",
+    )
+    door.add_argument(
+        "--nodes-file",
+        metavar="FILE",
+        help='list the nodes of a JSON file: {"nodes": [{"name": ..., "workers": [{"name": ...,'
+        ' "sip": ...}]}]}, as GET /v1/cluster answers',
     )
     door.add_argument("--run-dir", default="/run/voicegate-front", help="Kamailio's runtime dir")
     door.add_argument("--out", default=".", help="directory to write the two files into")
@@ -101,7 +114,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "front-door-config":
         out = Path(args.out).resolve()
         list_file = Path(args.list_file) if args.list_file else out / "dispatcher.list"
-        return write_front_door_config(settings, args.worker, Path(args.run_dir), out, list_file)
+        specs = list(args.worker)
+        if args.from_store or args.nodes_file:
+            found = cluster_workers(location if args.from_store else None, args.nodes_file)
+            if isinstance(found, int):
+                return found
+            specs += found
+        return write_front_door_config(settings, specs, Path(args.run_dir), out, list_file)
     if args.command == "worker":
         if not 0 <= args.index < settings.pool.workers:
             print(
@@ -178,6 +197,39 @@ def _is_name(text: str) -> bool:
     except Invalid:
         return False
     return True
+
+
+def cluster_workers(location: StoreLocation | None, nodes_file: str | None) -> list[str] | int:
+    """``NAME=SIP_URI`` of every worker of every node not left, from the node registry or a
+    file; or the exit status, with one line on stderr saying why."""
+    nodes: list[NodeRecord] = []
+    if location is not None:
+        try:
+            store = location.open()
+        except StoreError as exc:
+            print(f"voicegate: cannot read the node registry: {exc}", file=sys.stderr)
+            return EXIT_START
+        try:
+            nodes = store.nodes()
+        finally:
+            store.close()
+    if nodes_file is not None:
+        try:
+            data = json.loads(Path(nodes_file).read_text())
+            listed = data["nodes"]
+            if not isinstance(listed, list):
+                raise TypeError("nodes is not a list")
+            for entry in listed:
+                workers = NodeRecord.workers_from(entry["workers"])
+                nodes.append(NodeRecord(str(entry["name"]), "", "", workers, 0.0, 0.0, "up"))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            print(f"voicegate: --nodes-file {nodes_file}: {exc}", file=sys.stderr)
+            return EXIT_CONFIG
+    specs = [f"{w.name}={w.sip}" for n in nodes if n.state != NodeState.LEFT for w in n.workers]
+    if not specs:
+        print("voicegate: no node lists a worker: nothing to dispatch to", file=sys.stderr)
+        return EXIT_CONFIG
+    return specs
 
 
 def write_front_door_config(

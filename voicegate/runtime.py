@@ -61,7 +61,7 @@ from voicegate.call.transfer import TransferRefused
 from voicegate.faults import Faults
 from voicegate.observe.metrics import Metrics
 from voicegate.tools.client import BadAnswer, ToolClient
-from voicegate.tools.startup_reconcile import settle_predecessors
+from voicegate.tools.startup_reconcile import settle_lapsed_drops, settle_predecessors
 
 log = logging.getLogger("voicegate.runtime")
 
@@ -131,9 +131,7 @@ def prompt_problems(settings: Settings) -> list[str]:
     return problems
 
 
-def agent_factories(
-    settings: Settings, metrics: Metrics | None = None
-) -> dict[str, AgentFactory]:
+def agent_factories(settings: Settings, metrics: Metrics | None = None) -> dict[str, AgentFactory]:
     """Each tenant's agent factory; raises AgentLoadError naming the key if one is unusable."""
     factories = {}
     for tenant in tenants_of(settings):
@@ -156,8 +154,14 @@ def agent_factory(settings: Settings, metrics: Metrics | None = None) -> AgentFa
         a = settings.agent
         try:
             remote = remote_settings(
-                a.url, a.secret, a.reconnect_deadline_s, a.ping_interval_s, a.max_protocol_errors,
-                settings.audio.agent_rate, settings.audio.playout_max_s, a.ca_file,
+                a.url,
+                a.secret,
+                a.reconnect_deadline_s,
+                a.ping_interval_s,
+                a.max_protocol_errors,
+                settings.audio.agent_rate,
+                settings.audio.playout_max_s,
+                a.ca_file,
             )
         except CaFileError as exc:
             raise AgentLoadError(str(exc)) from None
@@ -371,6 +375,19 @@ class Runtime:
         await asyncio.wrap_future(self.writer.submit(lambda store: store.record_handle(record)))
         self.metrics.resume_issued.labels("api").inc()
 
+    async def settle_lapsed_drops(self) -> None:
+        """A dropped caller who never called back: what its write came to is asked by key
+        before the session may end (expire_dropped waits for it). Only on the sweeps, never on
+        an API read: a status query may take session.reconcile_timeout_s."""
+        settled = await settle_lapsed_drops(
+            self.write, self.tool_client, self.tools, me=self.owner,
+            attempts=self.status_attempts, deadline_s=self.reconcile_timeout_s,
+            record_effects=self.record_effects, on_outcome=self._count_reconciled,
+            now=self._wall,
+        )  # fmt: skip
+        if settled:
+            log.warning("reconcile.lapsed_drops", extra={"settled": settled})
+
     async def reap(self, *, now: float | None = None) -> list[str]:
         """Finalise sessions whose process stopped (seed 004's reaper); safe to call any time.
         The writes run on the store's writer thread, never on the event loop."""
@@ -390,11 +407,12 @@ class Runtime:
         if expired:
             self.metrics.sessions_ended.labels(Terminal.COMPLETED).inc(len(expired))
         # Dropped sessions nobody called back (session/callback.py): timed out, as at the drop.
-        lapsed = await asyncio.wrap_future(
-            self.writer.submit(lambda store: expire_dropped(store, me=me, now=at))
+        # Each with its own ending: timed_out after media lost, failed after its process died.
+        lapsed: list[str | None] = await asyncio.wrap_future(
+            self.writer.submit(lambda store: _endings(store, expire_dropped(store, me=me, now=at)))
         )
-        if lapsed:
-            self.metrics.sessions_ended.labels(Terminal.TIMED_OUT).inc(len(lapsed))
+        for terminal_state in lapsed:
+            self.metrics.sessions_ended.labels(terminal_state or Terminal.TIMED_OUT).inc()
         return reaped
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -438,7 +456,7 @@ class Runtime:
             self.write,
             self.tool_client,
             self.tools,
-            worker=self.settings.session.worker_name,
+            prefix=OwnerId.prefix(self.settings.session.worker_name),
             me=self.owner,
             attempts=self.status_attempts,
             deadline_s=self.reconcile_timeout_s,
@@ -457,6 +475,7 @@ class Runtime:
             # The reaper ends every session it finalises as failed (stage "process").
             self.metrics.sessions_ended.labels(Terminal.FAILED).inc(len(predecessors))
             log.warning("sessions.reaped_at_startup", extra={"count": len(predecessors)})
+        await self.settle_lapsed_drops()
         await self.reap()
         # Load the prompts now so a broken prompt file fails start-up, not a call.
         for rate in (8000, 16000):
@@ -479,6 +498,7 @@ class Runtime:
                 call.touch()
             beats += 1
             if beats % sweep_every == 0:
+                await self.settle_lapsed_drops()
                 await self.reap()
 
     def _arm_ticker(self) -> None:
@@ -676,6 +696,9 @@ class Runtime:
                 if self.callbacks is not None:
                     self.callbacks.ended(call.call_id)
 
+    def node_of(self, owner: str | None) -> str | None:
+        return None  # one process is no cluster's node (voicegate/pool/cluster.py)
+
     def is_live(self, summary: SessionSummary) -> bool:
         return summary.session_id in self.calls
 
@@ -784,3 +807,8 @@ class Runtime:
             await asyncio.wait(
                 [asyncio.ensure_future(w) for w in waiters], timeout=max(within_s, 0.0)
             )
+
+
+def _endings(store: SessionStore, session_ids: list[str]) -> list[str | None]:
+    summaries = [store.get(sid) for sid in session_ids]
+    return [summary.terminal_state if summary else None for summary in summaries]

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
 from session.resume import ResumeRecord
+from session.store.nodes import NodeRecord
 from session.vocabulary import IntentKind, Outcome, Terminal
 
 # Seed 000: every session ends in exactly one of these. Kept here, not imported from the state
@@ -403,6 +404,30 @@ class SessionStore(Protocol):
     def handles_used(self, session_id: str) -> int:
         """How many of the session's handles were ever rotated (``used``): one per rejoin that
         got that far, whether or not its ``rejoined`` event has been logged yet."""
+        ...
+
+    # The node registry (session/store/nodes.py): the nodes of a cluster sharing this store.
+
+    def node_heartbeat(self, record: NodeRecord) -> None:
+        """Keep ``record`` as its node's row (insert or refresh; a new incarnation replaces
+        the row, claim and all). ``record.state`` must be one of NODE_STATES, else ValueError."""
+        ...
+
+    def nodes(self) -> builtins.list[NodeRecord]:
+        """Every node's row, by name."""
+        ...
+
+    def claim_node(
+        self, name: str, incarnation: str, *, by: str, at: float, dead_before: float
+    ) -> bool:
+        """Claim the dead node ``name`` (still at ``incarnation``, silent since before
+        ``dead_before``, not left) for the survivor ``by`` ("<node>/<incarnation>"), if nobody
+        alive holds the claim; True if ``by`` holds it now (also when it already did)."""
+        ...
+
+    def leave_node(self, name: str, incarnation: str, *, at: float) -> None:
+        """The node stopped cleanly: ``left`` (nothing of it to take over). No-op for another
+        incarnation's row."""
         ...
 
     def close(self) -> None: ...

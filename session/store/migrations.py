@@ -24,8 +24,9 @@ from typing import Final
 
 from session.resume import RecordState
 from session.store import INTENT_KINDS, RECEIPT_OUTCOMES, TERMINAL_STATES, StoreError
+from session.store.nodes import NODE_STATES
 
-SCHEMA_VERSION: Final = 4
+SCHEMA_VERSION: Final = 5
 
 _HANDLE_STATES: Final = tuple(s.value for s in RecordState)
 
@@ -96,6 +97,33 @@ _SQLITE_VERSION_TABLE: Final = (
         why        TEXT NOT NULL)""",
 )
 
+# The node registry (session/store/nodes.py): one row per node of a cluster, its heartbeat, and
+# who took its sessions over once it went silent.
+_SQLITE_NODES: Final = (
+    f"""CREATE TABLE nodes (
+        name          TEXT PRIMARY KEY,
+        incarnation   TEXT NOT NULL,
+        api_url       TEXT NOT NULL,
+        workers       TEXT NOT NULL,
+        started_at    REAL NOT NULL,
+        heartbeat_at  REAL NOT NULL,
+        state         TEXT NOT NULL CHECK (state IN {NODE_STATES!r}),
+        taken_over_by TEXT,
+        taken_over_at REAL)""",
+)
+_POSTGRES_NODES: Final = (
+    f"""CREATE TABLE nodes (
+        name          text COLLATE "C" PRIMARY KEY,
+        incarnation   text COLLATE "C" NOT NULL,
+        api_url       text NOT NULL,
+        workers       json NOT NULL,
+        started_at    double precision NOT NULL,
+        heartbeat_at  double precision NOT NULL,
+        state         text NOT NULL CHECK (state IN {NODE_STATES!r}),
+        taken_over_by text COLLATE "C",
+        taken_over_at double precision)""",
+)
+
 SQLITE_SCHEMA: Final = (
     f"""CREATE TABLE sessions (
         session_id     TEXT PRIMARY KEY,
@@ -142,6 +170,7 @@ SQLITE_SCHEMA: Final = (
         at              REAL NOT NULL)""",
     *_SQLITE_RESUME,
     *_SQLITE_VERSION_TABLE,
+    *_SQLITE_NODES,
 )
 
 # --- PostgreSQL -----------------------------------------------------------------------------------
@@ -210,6 +239,7 @@ POSTGRES_SCHEMA: Final = (
         version    integer PRIMARY KEY,
         applied_at double precision NOT NULL,
         why        text NOT NULL)""",
+    *_POSTGRES_NODES,
 )
 
 # Version 1 is the first SQLite schema (sessions, events, checkpoints, intents, receipts).
@@ -238,6 +268,12 @@ STEPS: Final = (
         "the schema_version table: versions applied, when and why (PostgreSQL starts here)",
         sqlite=_SQLITE_VERSION_TABLE,
         postgres=(),
+    ),
+    Step(
+        5,
+        "the node registry: the nodes of a cluster, their heartbeats and take-overs",
+        sqlite=_SQLITE_NODES,
+        postgres=_POSTGRES_NODES,
     ),
 )
 # The first version each backend's history has.

@@ -61,6 +61,7 @@ from session.store import (
     UnknownSession,
     check_terminal_state,
 )
+from session.store import nodes as node_sql
 from session.store.listing import list_where, open_where, page
 from session.store.migrations import (
     CREATED_WHY,
@@ -71,6 +72,7 @@ from session.store.migrations import (
     check,
     steps_from,
 )
+from session.store.nodes import NODE_STATES, NodeRecord
 from session.store.rows import JSON_FIELDS, dump, names
 
 if TYPE_CHECKING:
@@ -569,9 +571,7 @@ class PostgresSessionStore:
     def open_sessions(
         self, *, updated_before: float | None = None, owner_prefix: str | None = None
     ) -> builtins.list[SessionSummary]:
-        where, params = open_where(
-            "%s", updated_before=updated_before, owner_prefix=owner_prefix
-        )
+        where, params = open_where("%s", updated_before=updated_before, owner_prefix=owner_prefix)
         return self._select(SessionSummary, "sessions", where, params)
 
     # --- tool intents and receipts -------------------------------------------------------------
@@ -605,9 +605,7 @@ class PostgresSessionStore:
 
         def work(cur: psycopg.Cursor[Any]) -> ToolReceipt:
             # The intent's row lock orders racing receipts of one key: the first definitive wins.
-            cur.execute(
-                "SELECT 1 FROM tool_intents WHERE idempotency_key = %s FOR UPDATE", (key,)
-            )
+            cur.execute("SELECT 1 FROM tool_intents WHERE idempotency_key = %s FOR UPDATE", (key,))
             if cur.fetchone() is None:
                 raise UnknownIntent(key)
             if stored := _receipt(cur, key):
@@ -645,6 +643,31 @@ class PostgresSessionStore:
             " ORDER BY created_at, position"
         )
         return self._select(ToolIntent, "tool_intents", where, (session_id,))
+
+    # --- the node registry --------------------------------------------------------------------
+
+    def node_heartbeat(self, record: NodeRecord) -> None:
+        if record.state not in NODE_STATES:
+            raise ValueError(f"node state {record.state!r} is not one of {NODE_STATES}")
+        params = node_sql.heartbeat_params(record, Json(dump(record.workers_json()), dumps=str))
+        self._run(lambda cur: cur.execute(node_sql.heartbeat_sql("%s"), params))
+
+    def nodes(self) -> builtins.list[NodeRecord]:
+        return [_node(row) for row in self._read(node_sql.select_sql(), ())]
+
+    def claim_node(
+        self, name: str, incarnation: str, *, by: str, at: float, dead_before: float
+    ) -> bool:
+        params = node_sql.claim_params(name, incarnation, by=by, at=at, dead_before=dead_before)
+
+        def work(cur: psycopg.Cursor[Any]) -> bool:
+            cur.execute(node_sql.claim_sql("%s"), params)
+            return cur.rowcount == 1
+
+        return self._run(work)
+
+    def leave_node(self, name: str, incarnation: str, *, at: float) -> None:
+        self._run(lambda cur: cur.execute(node_sql.leave_sql("%s"), (at, name, incarnation)))
 
     # --- resume handles -------------------------------------------------------------------------
 
@@ -820,3 +843,13 @@ def _handle(cur: psycopg.Cursor[Any], selector: str) -> ResumeRecord | None:
     )
     row = cur.fetchone()
     return ResumeRecord(*row) if row else None
+
+
+def _node(row: Sequence[Any]) -> NodeRecord:
+    name, incarnation, api_url, workers, started_at, heartbeat_at, state, by, by_at = row
+    if isinstance(workers, str):  # ``json`` columns come back parsed; be sure either way
+        workers = json.loads(workers)
+    return NodeRecord(
+        name, incarnation, api_url, NodeRecord.workers_from(workers), started_at, heartbeat_at,
+        state, by, by_at,
+    )  # fmt: skip

@@ -40,6 +40,7 @@ from session.store import (
     UnknownSession,
     check_terminal_state,
 )
+from session.store import nodes as node_sql
 from session.store.listing import list_where, open_where, page
 from session.store.migrations import (
     CREATED_WHY,
@@ -50,6 +51,7 @@ from session.store.migrations import (
     check,
     steps_from,
 )
+from session.store.nodes import NODE_STATES, NodeRecord
 from session.store.rows import JSON_FIELDS, dump, names
 from session.store.sqlite_resume import ResumeHandlesSql
 
@@ -57,7 +59,6 @@ if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
 R = TypeVar("R", bound="DataclassInstance")
-
 
 
 # Each table's columns are named as its record's fields, so rows map to records one to one.
@@ -195,6 +196,33 @@ class SqliteSessionStore(ResumeHandlesSql):
 
     def close(self) -> None:
         self._db.close()
+
+    # --- the node registry --------------------------------------------------------------------
+
+    def node_heartbeat(self, record: NodeRecord) -> None:
+        if record.state not in NODE_STATES:
+            raise ValueError(f"node state {record.state!r} is not one of {NODE_STATES}")
+        params = node_sql.heartbeat_params(record, dump(record.workers_json()))
+        with self._write():
+            self._db.execute(node_sql.heartbeat_sql("?"), params)
+
+    def nodes(self) -> builtins.list[NodeRecord]:
+        try:
+            rows = self._db.execute(node_sql.select_sql()).fetchall()
+        except sqlite3.Error as exc:
+            raise StoreError(f"session store read failed: {exc}") from exc
+        return [_node(row, json.loads(row[3])) for row in rows]
+
+    def claim_node(
+        self, name: str, incarnation: str, *, by: str, at: float, dead_before: float
+    ) -> bool:
+        params = node_sql.claim_params(name, incarnation, by=by, at=at, dead_before=dead_before)
+        with self._write():
+            return self._db.execute(node_sql.claim_sql("?"), params).rowcount == 1
+
+    def leave_node(self, name: str, incarnation: str, *, at: float) -> None:
+        with self._write():
+            self._db.execute(node_sql.leave_sql("?"), (at, name, incarnation))
 
     def create(
         self,
@@ -337,9 +365,7 @@ class SqliteSessionStore(ResumeHandlesSql):
     def open_sessions(
         self, *, updated_before: float | None = None, owner_prefix: str | None = None
     ) -> builtins.list[SessionSummary]:
-        where, params = open_where(
-            "?", updated_before=updated_before, owner_prefix=owner_prefix
-        )
+        where, params = open_where("?", updated_before=updated_before, owner_prefix=owner_prefix)
         return self._select(SessionSummary, "sessions", where, params)
 
     def record_intent(self, intent: ToolIntent) -> ToolIntent:
@@ -395,3 +421,11 @@ class SqliteSessionStore(ResumeHandlesSql):
             " ORDER BY created_at, rowid"
         )
         return self._select(ToolIntent, "tool_intents", where, (session_id,))
+
+
+def _node(row: Sequence[Any], workers: object) -> NodeRecord:
+    name, incarnation, api_url, _, started_at, heartbeat_at, state, by, by_at = row
+    return NodeRecord(
+        name, incarnation, api_url, NodeRecord.workers_from(workers), started_at, heartbeat_at,
+        state, by, by_at,
+    )  # fmt: skip

@@ -168,6 +168,10 @@ class Server:
     log_path: Path | None = None
     # Sent as "Authorization: Bearer <api_key>" on every request when set (docs/api.md).
     api_key: str = ""
+    # Another host's server (tests/netns.py): the address its API and SIP answer on, and the
+    # command that runs it there (``ip netns exec NAME``).
+    host: str = LOOPBACK
+    argv_prefix: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         self.sip_port = self.sip_port or free_port()
@@ -205,7 +209,7 @@ class Server:
         AUDIT.register_env(self.env_overrides, f"the environment of {self.log_path}")
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "voicegate", "serve"],
+                [*self.argv_prefix, sys.executable, "-m", "voicegate", "serve"],
                 env=self.env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -234,7 +238,7 @@ class Server:
 
     @property
     def sip_target(self) -> str:
-        return f"{LOOPBACK}:{self.sip_port}"
+        return f"{self.host}:{self.sip_port}"
 
     def _headers(self, key: str | None) -> dict[str, str]:
         key = self.api_key if key is None else key
@@ -242,7 +246,7 @@ class Server:
 
     def http(self, path: str, *, key: str | None = None) -> tuple[int, Any]:
         """GET ``path`` with ``key`` (default: :attr:`api_key`; "" sends none)."""
-        url = f"http://{LOOPBACK}:{self.http_port}{path}"
+        url = f"http://{self.host}:{self.http_port}{path}"
         request = urllib.request.Request(url, headers=self._headers(key))
         try:
             with urllib.request.urlopen(request, timeout=5) as response:
@@ -264,7 +268,7 @@ class Server:
 
     def post(self, path: str, *, key: str | None = None) -> int:
         request = urllib.request.Request(
-            f"http://{LOOPBACK}:{self.http_port}{path}",
+            f"http://{self.host}:{self.http_port}{path}",
             data=b"",
             method="POST",
             headers=self._headers(key),
@@ -279,7 +283,7 @@ class Server:
     def post_json(self, path: str, body: object, *, key: str | None = None) -> tuple[int, Any]:
         """POST ``body`` as JSON; the status and the decoded JSON answer."""
         request = urllib.request.Request(
-            f"http://{LOOPBACK}:{self.http_port}{path}",
+            f"http://{self.host}:{self.http_port}{path}",
             data=json.dumps(body).encode(),
             headers={"Content-Type": "application/json", **self._headers(key)},
             method="POST",
@@ -394,6 +398,7 @@ class Sipp:
     extra: tuple[str, ...] = ()
     timeout_s: int = 90
     port: int | None = None  # SIPp's own SIP port; a uas-* scenario is dialled there
+    local_ip: str = LOOPBACK  # the address SIPp binds (signaling and media)
     process: subprocess.Popen[bytes] | None = None
 
     def args(self) -> list[str]:
@@ -407,7 +412,7 @@ class Sipp:
             "-m",
             str(self.calls),
             "-i",
-            LOOPBACK,
+            self.local_ip,
             "-p",
             str(self.port or free_port()),
             # SIPp binds its media at this port and the next three (audio, video at + 2): a
@@ -491,6 +496,7 @@ class Provider:
     flags: tuple[str, ...] = ()
     port: int = 0
     process: subprocess.Popen[bytes] | None = None
+    host: str = LOOPBACK  # where it listens (another namespace's servers reach the gateway)
 
     def start(self) -> Provider:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -503,7 +509,7 @@ class Provider:
                     "-m",
                     "providers.payments",
                     "--host",
-                    LOOPBACK,
+                    self.host,
                     "--port",
                     str(self.port),
                     "--db",
@@ -522,7 +528,7 @@ class Provider:
 
     @property
     def url(self) -> str:
-        return f"http://{LOOPBACK}:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def tool_env(self, timeout_s: float = 2.0) -> dict[str, str]:
         """Environment that points voicegate's built-in charge tool at this provider."""

@@ -59,7 +59,13 @@ def test_crash_window(
     request: pytest.FixtureRequest,
 ) -> None:
     before = {row["key"] for row in provider.ledger()}
-    env = {**provider.tool_env(), "VOICEGATE_FAULTS_CRASH_AT": window}
+    # Callbacks off: the restart then finalises the session at once, as the windows check. With
+    # them on, a caller cut off mid-payment is parked for a callback instead (test_cluster.py).
+    env = {
+        **provider.tool_env(),
+        "VOICEGATE_FAULTS_CRASH_AT": window,
+        "VOICEGATE_SESSION_CALLBACK_WINDOW_S": "0",
+    }
     if store == "postgresql":
         # The same windows on the shared store: its commits are as durable before acting.
         env["VOICEGATE_STORAGE_URL"] = request.getfixturevalue("pg_url")

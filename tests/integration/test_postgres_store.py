@@ -27,6 +27,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from session.store.migrations import SCHEMA_VERSION
 from tests.integration.harness import Provider, Server, Sipp, wait_for
 from tests.pg_cluster import PgCluster, running_cluster
 
@@ -73,12 +74,13 @@ def _psql(url: str, sql: str) -> list[str]:
     return done.stdout.splitlines()
 
 
-def test_migrate_then_serve_a_payment_readable_with_psql(
-    pg_url: str, tmp_path: Path
-) -> None:
+def test_migrate_then_serve_a_payment_readable_with_psql(pg_url: str, tmp_path: Path) -> None:
     migrated = _voicegate("migrate", url=pg_url, cwd=tmp_path / "vg")
     assert migrated.returncode == 0, migrated.stderr
-    assert "created the session store" in migrated.stdout and "version 4" in migrated.stdout
+    assert (
+        "created the session store" in migrated.stdout
+        and f"version {SCHEMA_VERSION}" in migrated.stdout
+    )
     again = _voicegate("migrate", url=pg_url, cwd=tmp_path / "vg")
     assert again.returncode == 0 and "nothing to do" in again.stdout, again.stdout
 
@@ -117,7 +119,7 @@ def test_serve_refuses_a_schema_it_does_not_know(pg_url: str, tmp_path: Path) ->
     refused = _voicegate("serve", url=pg_url, cwd=tmp_path / "vg")
     assert refused.returncode == 2, refused.stderr
     (line,) = refused.stderr.strip().splitlines()
-    assert "schema version 9, newer than the 4 this voicegate knows" in line
+    assert f"schema version 9, newer than the {SCHEMA_VERSION} this voicegate knows" in line
     # And migrate does not touch it either.
     assert _voicegate("migrate", url=pg_url, cwd=tmp_path / "vg").returncode == 2
 
@@ -264,4 +266,3 @@ def test_past_the_deadline_the_caller_is_told_and_the_session_still_ends(
     finally:
         caller.kill()
         assert server.stop() == 0, server.log()[-3000:]
-

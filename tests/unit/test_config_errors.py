@@ -13,8 +13,8 @@ import pytest
 from config import ConfigError, load_settings
 
 SECTIONS = (
-    "sip, media, audio, http, storage, session, pool, agent, transfer, outbound, log, faults, "
-    "tools.<name>, tenants.<name>"
+    "sip, media, audio, http, storage, session, pool, node, agent, transfer, outbound, log, "
+    "faults, tools.<name>, tenants.<name>"
 )
 
 
@@ -246,14 +246,14 @@ def test_other_variables_are_ignored() -> None:
 
 
 def test_all_problems_are_collected(tmp_path: Path) -> None:
-    path = write(tmp_path, '[sip]\nport = "x"\nprot = 1\n[nope]\n')
+    path = write(tmp_path, '[sip]\nport = "x"\nprot = 1\n[xyzzy]\n')
     with pytest.raises(ConfigError) as err:
         load_settings(path, environ={"VOICEGATE_LOG_LEVEL": "loud"})
     src = f"(from {path})"
     assert err.value.problems == (
         f"sip.port = 'x' {src}: expected an integer from 1 to 65535, got a string",
         f"sip.prot = 1 {src}: unknown key; did you mean sip.port?",
-        f"[nope] {src}: unknown section; known sections: {SECTIONS}",
+        f"[xyzzy] {src}: unknown section; known sections: {SECTIONS}",
         "log.level = 'loud' (from VOICEGATE_LOG_LEVEL): expected one of debug, info, warning, "
         "error",
     )

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from session.store.nodes import NodeRecord, NodeWorker
+from session.store.postgres import PostgresSessionStore
 from voicegate.pool.front_door import find_executable
 from voicegate.pool.kamailio_config import FrontDoor, render_config, render_dispatcher_list
 
@@ -137,3 +142,53 @@ async def test_kamailio_log_lines_are_relayed_with_callers_masked() -> None:
     assert "parse_msg()" in text and "10.0.0.1:5060" in text
     assert "5551230" not in text
     assert text.count("***199") == 3  # the last three digits stay, as everywhere else
+
+
+def _door_config(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "voicegate", "front-door-config", *args, "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=ROOT,
+        env={k: v for k, v in os.environ.items() if not k.startswith("VOICEGATE_")} | env,
+    )
+
+
+def test_the_nodes_of_a_cluster_come_from_the_registry_or_a_file(
+    tmp_path: Path, pg_url: str
+) -> None:
+    store = PostgresSessionStore(pg_url)
+    try:
+        for name, address, state in (("hosta", "10.0.0.11", "up"), ("hostb", "10.0.0.12", "up"),
+                                     ("old", "10.0.0.13", "left")):  # fmt: skip
+            workers = tuple(NodeWorker(f"{name}.{i}", f"sip:{address}:{5100 + i}") for i in (0, 1))
+            store.node_heartbeat(NodeRecord(name, "i1", "http://x", workers, 1.0, 1.0, state))
+    finally:
+        store.close()
+    made = _door_config(tmp_path / "store", "--from-store", VOICEGATE_STORAGE_URL=pg_url)
+    assert made.returncode == 0, made.stderr
+    listed = (tmp_path / "store" / "dispatcher.list").read_text()
+    for uri in ("sip:10.0.0.11:5100", "sip:10.0.0.11:5101", "sip:10.0.0.12:5101"):
+        assert uri in listed
+    assert "10.0.0.13" not in listed  # a node that left is no destination
+    nodes = tmp_path / "nodes.json"
+    nodes.write_text(json.dumps({"nodes": [{"name": "hosta", "workers": [
+        {"name": "hosta.0", "sip": "sip:10.0.0.11:5100"}]}]}))  # fmt: skip
+    made = _door_config(tmp_path / "file", "--nodes-file", str(nodes))
+    assert made.returncode == 0, made.stderr
+    assert "sip:10.0.0.11:5100" in (tmp_path / "file" / "dispatcher.list").read_text()
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [("{", "Expecting"), ('{"nodes": 3}', "nodes is not a list"), ('{"nodes": []}', "no node")],
+)
+def test_a_bad_nodes_file_is_refused_and_writes_nothing(
+    tmp_path: Path, content: str, says: str
+) -> None:
+    nodes = tmp_path / "nodes.json"
+    nodes.write_text(content)
+    made = _door_config(tmp_path / "out", "--nodes-file", str(nodes))
+    assert made.returncode == 2 and says in made.stderr, made.stderr
+    assert not (tmp_path / "out" / "kamailio.cfg").exists()

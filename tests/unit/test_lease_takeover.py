@@ -5,6 +5,7 @@ further event, a local hang-up). Real SQLite stores; no SIP stack: the call's co
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -22,9 +23,10 @@ from config.settings import TransferSettings
 from config.tools import ToolSettings
 from session import effects as fx
 from session import events as sev
+from session.deadlines import Timer
 from session.durable import DurableSession
 from session.ledger import NEVER_SENT
-from session.reaper import reap_predecessors
+from session.reaper import expire_dropped, reap_predecessors
 from session.store import Lease, LeaseLost, SessionStore, ToolIntent, ToolReceipt
 from session.store.sqlite import SqliteSessionStore
 from session.store.writer import StoreWriter
@@ -35,7 +37,7 @@ from voicegate.call.live_call import LiveCall
 from voicegate.faults import Faults
 from voicegate.observe.metrics import Metrics
 from voicegate.tools.client import ToolOutcome
-from voicegate.tools.startup_reconcile import settle_predecessors
+from voicegate.tools.startup_reconcile import settle_lapsed_drops, settle_predecessors
 
 DEAD = "worker-0/dead"
 ME = "worker-0/me"
@@ -94,17 +96,41 @@ class _Client:
         return self.outcome
 
 
-async def _settle(store: SqliteSessionStore, client: _Client) -> tuple[int, list[str]]:
-    outcomes: list[str] = []
+@contextlib.contextmanager
+def _writer_of(store: SqliteSessionStore) -> Iterator[Callable[[Any], Any]]:
+    """The runtime's writer: a thread of its own with its own connection to the test's file,
+    so that no store call runs on the event loop (the suite fails a test that blocks it)."""
+    path = store.path
+    writer = StoreWriter(lambda: SqliteSessionStore(path), name="test-writer")
 
     async def write(job: Any) -> Any:
-        return job(store)  # the runtime's writer thread, here the test's own store
+        return await asyncio.wrap_future(writer.submit(job))
 
-    settled = await settle_predecessors(
+    try:
+        yield write
+    finally:
+        writer.close()
+
+
+async def _settle(store: SqliteSessionStore, client: _Client) -> tuple[int, list[str]]:
+    outcomes: list[str] = []
+    if not isinstance(store, SqliteSessionStore):
+        # A store that intercepts calls (the racing reaper below) is called as it is.
+        async def inline(job: Any) -> Any:
+            return job(store)
+
+        return await _settle_with(inline, client, outcomes), outcomes
+    with _writer_of(store) as write:
+        settled = await _settle_with(write, client, outcomes)
+    return settled, outcomes
+
+
+async def _settle_with(write: Callable[[Any], Any], client: _Client, outcomes: list[str]) -> int:
+    return await settle_predecessors(
         write,
         client,  # type: ignore[arg-type]
         {"charge": CHARGE},
-        worker="worker-0",
+        prefix="worker-0/",
         me=ME,
         attempts=1,
         deadline_s=1.0,
@@ -112,7 +138,6 @@ async def _settle(store: SqliteSessionStore, client: _Client) -> tuple[int, list
         on_outcome=lambda tool, outcome: outcomes.append(outcome),
         now=lambda: 200.0,
     )
-    return settled, outcomes
 
 
 async def test_reconciliation_takes_the_lease_then_the_reaper_takes_it_from_there(
@@ -140,6 +165,45 @@ async def test_reconciliation_takes_the_lease_then_the_reaper_takes_it_from_ther
     summary = store.get("s1")
     assert summary is not None
     assert (summary.owner, summary.lease_epoch, summary.terminal_state) == (ME, 3, "failed")
+
+
+async def test_a_caller_cut_off_mid_payment_is_parked_for_a_callback_once_settled(
+    store: SqliteSessionStore,
+) -> None:
+    session, _ = DurableSession.create(
+        store, "s1", owner=DEAD, meta={},
+        offered=sev.CallOffered(policy={"callback_window_s": 120.0}), now=100.0,
+    )  # fmt: skip
+    for event in (sev.CallAnswered(), sev.TurnStarted("t1"), sev.TurnCommitted("t1")):
+        session.apply(event, 101.0)
+    session.apply(sev.ToolIntent("k1", "charge", "write", "d1", "t1"), 102.2)
+    store.record_intent(ToolIntent("k1", "s1", "t1", "charge", "write", "d1", {}, 102.2))
+    session.apply(sev.ResumeCodeIssued("code-digest"), 102.21)
+    session.apply(sev.ToolRequestSent("k1"), 102.25)
+    client = _Client(ToolOutcome("committed", {"charge": "ch_1"}))
+
+    assert await _settle(store, client) == (1, ["committed"])
+    assert client.asked == ["k1"]  # by status, never the request again
+    state = DurableSession.load(store, "s1").state
+    assert state.signaling.value == "dropped" and state.outstanding == ()
+    assert state.dropped_until == 200.0 + 120.0  # from the take-over, the callback window
+    # Parked, not a predecessor's loose end: the reaper leaves it to its callback or its window.
+    assert reap_predecessors(store, worker="worker-0", me=ME, now=202.0) == []
+    summary = store.get("s1")
+    assert summary is not None and summary.terminal_state is None
+
+
+async def test_a_settlement_cut_short_by_another_crash_is_carried_on_not_restarted(
+    store: SqliteSessionStore,
+) -> None:
+    dead = _crashed_mid_tool_call(store, receipt=None)
+    dead.apply(sev.OwnerLost("the process serving the call died"), 103.0)  # then it died too
+    client = _Client(ToolOutcome("committed", {"charge": "ch_1"}))
+
+    assert await _settle(store, client) == (1, ["committed"])
+    assert client.asked == ["k1"]
+    types = [r.type for r in store.events("s1")]
+    assert types.count("owner_lost") == 1 and types[-1] == "tool_receipt"
 
 
 async def test_an_intent_that_never_left_is_settled_unsent_without_asking_anyone(
@@ -327,3 +391,47 @@ async def test_a_call_whose_session_was_taken_over_hangs_up_without_writing(
         None,
     )
     assert len(_lease_lost_records(caplog)) == 1
+
+
+async def test_a_drop_nobody_called_back_is_asked_about_before_it_ends(
+    store: SqliteSessionStore,
+) -> None:
+    # Media lost for good while its payment's request was in flight, and the window passed.
+    session, _ = DurableSession.create(
+        store, "s1", owner="worker-1/live", meta={},
+        offered=sev.CallOffered(policy={"callback_window_s": 120.0, "recovery_timeout_s": 20.0}),
+        now=100.0,
+    )  # fmt: skip
+    for event in (sev.CallAnswered(), sev.TurnStarted("t1"), sev.TurnCommitted("t1")):
+        session.apply(event, 101.0)
+    session.apply(sev.ToolIntent("k1", "charge", "write", "d1", "t1"), 102.0)
+    store.record_intent(ToolIntent("k1", "s1", "t1", "charge", "write", "d1", {}, 102.0))
+    session.apply(sev.ToolRequestSent("k1"), 102.1)
+    session.apply(sev.MediaLost(), 104.0)
+    deadline = session.state.deadlines[Timer.RECOVERY]
+    session.apply(sev.DeadlineFired(Timer.RECOVERY, deadline.generation), 124.0)
+    assert session.state.signaling.value == "dropped"
+    # The sweep ends nothing whose write is unsettled...
+    assert expire_dropped(store, me=ME, now=300.0) == []
+    client = _Client(ToolOutcome("committed", {"charge": "ch_1"}))
+    with _writer_of(store) as write:
+        settled_early = await _lapsed(write, client, 200.0)
+        asked_early = list(client.asked)
+        settled_late = await _lapsed(write, client, 300.0)
+    assert settled_early == 0 and asked_early == []  # the caller may still call back
+    assert settled_late == 1 and client.asked == ["k1"]  # by status, never resent
+    # ... then ends it with what the provider did on record.
+    assert expire_dropped(store, me=ME, now=300.0) == ["s1"]
+    summary = store.get("s1")
+    assert summary is not None and summary.terminal_state == "timed_out"
+    receipt = store.receipt("k1")
+    assert receipt is not None and receipt.outcome == "committed"
+    assert [r.type for r in store.events("s1")][-2:] == ["tool_receipt", "callback_ended"]
+
+
+async def _lapsed(write: Callable[[Any], Any], client: _Client, at: float) -> int:
+    return await settle_lapsed_drops(
+        write, client, {"charge": CHARGE}, me=ME, attempts=1, deadline_s=1.0,  # type: ignore[arg-type]
+        record_effects=lambda effects: None, on_outcome=lambda tool, outcome: None,
+        now=lambda: at,
+    )  # fmt: skip

@@ -16,6 +16,7 @@ import pytest
 
 from session import effects as fx
 from session import events as ev
+from session.callback import may_park
 from session.machine import (
     GateClosed,
     IllegalTransition,
@@ -614,6 +615,74 @@ def test_an_unknown_receipt_after_owner_lost_needs_a_human_without_speaking() ->
     assert ended.ended is not None and ended.ended.terminal_state == "needs_human"
     assert not any(isinstance(e, fx.HangUp | fx.Say) for e in effects)
     assert fx.PersistOutstanding(("k1",)) in effects
+
+
+def paying_with_code(window_s: float = 120.0) -> SessionState:
+    """Answered with callbacks on, a write sent and its resume code read out."""
+    state = with_sent_write(answered({**POLICY, "callback_window_s": window_s}))
+    state, _ = step(state, ev.ResumeCodeIssued("code-digest"), 5.5)
+    return state
+
+
+def test_a_caller_cut_off_by_the_process_mid_write_is_parked_for_a_callback() -> None:
+    state = paying_with_code()
+    assert may_park(state)
+    after, effects = step(state, ev.OwnerLost("the process serving the call died", park=True), 12.0)
+    # Settled as any owner-lost session is (asked about by key, never sent again), but kept.
+    assert fx.Reconcile(("k1",)) in effects
+    assert not any(isinstance(e, fx.Finished | fx.HangUp | fx.Say) for e in effects)
+    assert (after.signaling, after.dropped_until, after.dropped_stage) == (
+        Signaling.DROPPED,
+        132.0,
+        "process",
+    )
+    assert after.ended is None and after.status().startswith("signaling dropped")
+    settled, _ = step(after, ev.ToolReceipt("k1", "committed"), 13.0)
+    assert settled.outstanding == () and settled.signaling is Signaling.DROPPED
+    # The caller calls back with the code: a new generation, and nothing left to ask about.
+    back, _ = step(settled, ev.CalledBack(1, with_code=True), 20.0)
+    assert back.signaling is Signaling.OFFERED and back.gate is Gate.OPEN
+    assert back.dropped_stage == ""
+
+
+def test_a_parked_session_nobody_calls_back_ends_as_the_reaper_would_have() -> None:
+    state, _ = step(paying_with_code(), ev.OwnerLost("the process died", park=True), 12.0)
+    state, _ = step(state, ev.ToolReceipt("k1", "committed"), 13.0)
+    refused(state, ev.CallbackEnded("window"))  # the window is still open at 12 + 120
+    ended, effects = step(state, ev.CallbackEnded("window"), 133.0)
+    assert ended.ended is not None
+    assert (ended.ended.terminal_state, ended.ended.stage) == ("failed", "process")
+    assert ended.ended.reason == "the process died"
+    assert not any(isinstance(e, fx.HangUp | fx.Say) for e in effects)
+
+
+def test_an_unknown_outcome_while_parked_needs_a_human_at_once() -> None:
+    state, _ = step(paying_with_code(), ev.OwnerLost("died", park=True), 12.0)
+    ended, _ = step(state, ev.ToolReceipt("k1", "unknown"), 13.0)
+    assert ended.ended is not None and ended.ended.terminal_state == "needs_human"
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: with_sent_write(answered({**POLICY, "callback_window_s": 120.0})),  # no code
+        lambda: paying_with_code(window_s=0.0),  # callbacks off
+    ],
+    ids=["without_a_code", "callbacks_off"],
+)
+def test_only_a_caller_who_was_read_a_code_is_parked(make: Any) -> None:
+    state = make()
+    assert not may_park(state)
+    refused(state, ev.OwnerLost("died", park=True))
+    after, _ = step(state, ev.OwnerLost("died"), 12.0)
+    assert after.signaling is Signaling.GONE
+
+
+def test_a_parked_state_survives_its_checkpoint_and_older_ones_lack_the_field() -> None:
+    state, _ = step(paying_with_code(), ev.OwnerLost("died", park=True), 12.0)
+    data = json.loads(json.dumps(state.to_dict()))
+    assert SessionState.from_dict(data) == state
+    assert "dropped_stage" not in answered().to_dict()
 
 
 # --- the side-effect gate -----------------------------------------------------------------------

@@ -772,6 +772,7 @@ def test_sqlite_is_opened_for_durability(tmp_path: Path) -> None:
             "tool_receipts",
             "resume_handles",
             "schema_version",
+            "nodes",
         }
         types = {
             row[2].upper()

@@ -57,7 +57,8 @@ def test_the_steps_reach_the_current_version() -> None:
 
 def test_a_file_of_the_last_release_is_refused_until_migrated(tmp_path: Path) -> None:
     path = _release_copy(tmp_path) / SQLITE_FILE
-    with pytest.raises(SchemaTooOld, match=r"version 3, older than the 4 .*run voicegate migrate"):
+    older = rf"version 3, older than the {SCHEMA_VERSION} .*run voicegate migrate"
+    with pytest.raises(SchemaTooOld, match=older):
         SqliteSessionStore(path)
     with sqlite3.connect(path) as db:  # refused without a write
         assert db.execute("PRAGMA user_version").fetchone() == (3,)
@@ -71,11 +72,12 @@ def test_voicegate_migrate_steps_the_release_file_up_in_place_keeping_everything
     refused = _voicegate("serve", data_dir=data_dir)
     assert refused.returncode == 2
     (line,) = refused.stderr.strip().splitlines()
-    assert "schema version 3, older than the 4" in line and "run voicegate migrate" in line
+    assert f"schema version 3, older than the {SCHEMA_VERSION}" in line
+    assert "run voicegate migrate" in line
 
     migrated = _voicegate("migrate", data_dir=data_dir)
     assert migrated.returncode == 0, migrated.stderr
-    assert "from version 3 to 4" in migrated.stdout
+    assert f"from version 3 to {SCHEMA_VERSION}" in migrated.stdout
     again = _voicegate("migrate", data_dir=data_dir)
     assert "nothing to do" in again.stdout
 

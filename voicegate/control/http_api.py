@@ -46,6 +46,10 @@ class SessionsView(Protocol):
         """Finalise sessions whose process is gone (a write: off the event loop)."""
         ...
 
+    def node_of(self, owner: str | None) -> str | None:
+        """The cluster node whose process ``owner`` is; None outside a cluster."""
+        ...
+
     def is_live(self, summary: SessionSummary) -> bool:
         """Whether a call is serving the session now (from what the store last said)."""
         ...
@@ -317,13 +321,14 @@ async def _consultation(request: web.Request, action: str) -> web.Response:
     )
 
 
-def _summary_json(summary: SessionSummary) -> dict[str, object]:
+def _summary_json(summary: SessionSummary, view: SessionsView) -> dict[str, object]:
     return {
         "session_id": summary.session_id,
         "tenant": summary.tenant,
         "created_at": summary.created_at,
         "updated_at": summary.updated_at,
         "owner": summary.owner,
+        "node": view.node_of(summary.owner),
         "lease_epoch": summary.lease_epoch,
         "status": summary.status,
         "terminal_state": summary.terminal_state,
@@ -395,7 +400,7 @@ async def list_sessions(request: web.Request) -> web.Response:
     if state == "ended":
         summaries = [s for s in summaries if s.terminal_state is not None]
     return web.json_response(
-        {"sessions": [_summary_json(s) for s in summaries], "next_cursor": cursor}
+        {"sessions": [_summary_json(s, view) for s in summaries], "next_cursor": cursor}
     )
 
 
@@ -426,7 +431,7 @@ async def get_session(request: web.Request) -> web.Response:
     summary = latest or summary
     return web.json_response(
         {
-            **_summary_json(summary),
+            **_summary_json(summary, view),
             "status": state.status(),
             "live": view.is_live(summary),
             "dimensions": {

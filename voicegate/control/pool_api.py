@@ -114,7 +114,9 @@ async def list_calls(request: web.Request) -> web.Response:
         for call in answer[1].get("calls", []):
             if isinstance(call, dict):
                 calls.append({**call, "worker": worker.slot.name})
-    return web.json_response({"calls": calls, "unreachable_workers": unreachable})
+    # In a cluster, only this node's calls: another node's are on its own API (/v1/cluster).
+    scope = {"scope": "node", "node": sup.keeper.name} if sup.keeper is not None else {}
+    return web.json_response({"calls": calls, "unreachable_workers": unreachable, **scope})
 
 
 async def _owning_worker(
@@ -125,6 +127,8 @@ async def _owning_worker(
         return None, json_error(404, "no such call", call_id=call_id)
     if refusal := foreign(request, summary.tenant, call_id=call_id):
         return None, refusal
+    if (elsewhere := _held_elsewhere(sup, summary.owner, call_id)) is not None:
+        return None, elsewhere
     worker = sup.worker_of(summary.owner)
     if summary.terminal_state is not None or worker is None:
         return None, json_error(
@@ -137,6 +141,63 @@ async def _owning_worker(
     return worker, None
 
 
+def _held_elsewhere(sup: Supervisor, owner: str | None, call_id: str) -> web.Response | None:
+    """A call another live node of the cluster holds: 409 with that node's name and API, which
+    the client asks instead. Not forwarded: the node's own API answers with its own keys and
+    errors, and a client that follows the 409 once talks to the right node from then on."""
+    keeper = sup.keeper
+    node_name = sup.node_of(owner)
+    if keeper is None or node_name is None or node_name == keeper.name:
+        return None
+    node = keeper.node(node_name)
+    if node is None or not keeper.is_up(node_name):
+        return None
+    return json_error(
+        409,
+        "the call is held by another node of the cluster: ask that node",
+        call_id=call_id,
+        node=node.name,
+        api=node.api_url,
+    )
+
+
+async def cluster(request: web.Request) -> web.Response:
+    """The nodes of the cluster as this node last read the registry, with their open sessions."""
+    sup = request.app[SUPERVISOR]
+    keeper = sup.keeper
+    if keeper is None:
+        return json_error(404, "this pool is not a node of a cluster (node.name is empty)")
+    summaries = await sup.read(lambda store: store.open_sessions())
+    open_by_node: dict[str, int] = {}
+    for summary in summaries:
+        if (name := sup.node_of(summary.owner)) is not None:
+            open_by_node[name] = open_by_node.get(name, 0) + 1
+    view = keeper.view
+    nodes = [
+        {
+            "name": n.name,
+            "state": n.state_at(view.read_at, keeper.dead_after_s).value,
+            "incarnation": n.incarnation,
+            "api": n.api_url,
+            "workers": n.workers_json(),
+            "started_at": n.started_at,
+            "heartbeat_at": n.heartbeat_at,
+            "heartbeat_age_s": round(max(0.0, view.read_at - n.heartbeat_at), 3),
+            "taken_over_by": n.taken_over_by,
+            "open_sessions": open_by_node.get(n.name, 0),
+        }
+        for n in view.nodes
+    ]
+    return web.json_response(
+        {
+            "node": keeper.name,
+            "read_at": view.read_at,
+            "dead_after_s": keeper.dead_after_s,
+            "nodes": nodes,
+        }
+    )
+
+
 async def get_call(request: web.Request) -> web.Response:
     sup = request.app[SUPERVISOR]
     call_id = request.match_info["call_id"]
@@ -145,6 +206,8 @@ async def get_call(request: web.Request) -> web.Response:
         return json_error(404, "no such call", call_id=call_id)
     if refusal := foreign(request, summary.tenant, call_id=call_id):
         return refusal
+    if (elsewhere := _held_elsewhere(sup, summary.owner, call_id)) is not None:
+        return elsewhere
     worker = sup.worker_of(summary.owner)
     live = None
     if worker is not None and summary.terminal_state is None:
@@ -257,6 +320,7 @@ def make_pool_app(supervisor: Supervisor) -> web.Application:
     app.router.add_get("/metrics", metrics, allow_head=False)
     app.router.add_get("/status", status_page, allow_head=False)
     app.router.add_get("/v1/pool", pool, allow_head=False)
+    app.router.add_get("/v1/cluster", cluster, allow_head=False)
     app.router.add_get("/v1/calls", list_calls, allow_head=False)
     app.router.add_post("/v1/calls", place_call)
     app.router.add_get("/v1/calls/{call_id}", get_call, allow_head=False)

@@ -3,7 +3,8 @@
 No build step and nothing from a CDN: the CSS and JavaScript are inline, and the page reads the
 same JSON API an operator would curl (docs/runbooks/README.md): ``/v1/calls``, open sessions (with
 each one's dimensions and recovery from ``/v1/sessions/{id}``), sessions ended ``needs_human``,
-and ``/v1/pool`` where there is one (a single process answers it 404 and the section is hidden).
+``/v1/pool`` where there is one (a single process answers it 404 and the section is hidden), and
+``/v1/cluster`` on a node of a cluster (docs/cluster.md; elsewhere 404, and hidden).
 It refreshes itself every 2 s. Everything shown is text set with ``textContent``: a caller's
 display name or a reason can never inject markup.
 """
@@ -68,6 +69,14 @@ _PAGE = """<!doctype html>
 </tr></thead><tbody></tbody></table>
 </section>
 
+<section id="cluster" hidden>
+<h2>Cluster (this is node <span id="cluster-node"></span>)</h2>
+<table id="nodes"><thead><tr>
+  <th>node</th><th>state</th><th>heartbeat</th><th>open sessions</th><th>workers</th>
+  <th>taken over by</th><th>API</th>
+</tr></thead><tbody></tbody></table>
+</section>
+
 <script>
 "use strict";
 const REFRESH_MS = __REFRESH_MS__;
@@ -80,7 +89,8 @@ const HEADERS = KEY ? {"Authorization": "Bearer " + KEY} : {};
 
 async function getJson(path) {
   const response = await fetch(path, {cache: "no-store", headers: HEADERS});
-  if (response.status === 404 && path === "/v1/pool") return null;  // a single process
+  // A single process has no pool, a pool outside a cluster no cluster: their sections hide.
+  if (response.status === 404 && (path === "/v1/pool" || path === "/v1/cluster")) return null;
   if (!response.ok) throw new Error(path + " answered " + response.status);
   return response.json();
 }
@@ -133,11 +143,12 @@ function dimensionClass(value) {
 }
 
 async function refresh() {
-  const [calls, open, needsHuman, pool] = await Promise.all([
+  const [calls, open, needsHuman, pool, cluster] = await Promise.all([
     getJson("/v1/calls"),
     getJson("/v1/sessions?state=open&limit=" + DETAIL_LIMIT),
     getJson("/v1/sessions?terminal_state=needs_human&limit=50"),
     getJson("/v1/pool"),
+    getJson("/v1/cluster"),
   ]);
   const details = await Promise.all(open.sessions.map(
     s => getJson("/v1/sessions/" + encodeURIComponent(s.session_id)).catch(() => null)));
@@ -184,6 +195,17 @@ async function refresh() {
       cell(w.name), cell(w.state, w.state === "ready" ? "ok" : "warn"), cell(w.pid),
       cell(w.restarts, w.restarts > 0 ? "warn" : ""), cell(w.last_exit), cell(w.sip),
     ]), 6, "no workers");
+  }
+  const nodes = document.getElementById("cluster");
+  nodes.hidden = cluster === null;
+  if (cluster !== null) {
+    document.getElementById("cluster-node").textContent = cluster.node;
+    const NODE_CLASS = {up: "ok", draining: "warn", dead: "bad", left: ""};
+    fill("nodes", cluster.nodes.map(n => [
+      cell(n.name), cell(n.state, NODE_CLASS[n.state]), cell(n.heartbeat_age_s + " s ago"),
+      cell(n.open_sessions), cell(n.workers.map(w => w.name).join(", ")),
+      cell(n.taken_over_by, n.taken_over_by ? "warn" : ""), cell(n.api),
+    ]), 7, "no nodes registered");
   }
   document.getElementById("updated").textContent = "updated " + new Date().toISOString();
 }

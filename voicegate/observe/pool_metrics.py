@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollecto
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from session.store.nodes import NodeState
 from voicegate.observe.metrics import API_REFUSAL_REASONS
 from voicegate.pool.kamailio_config import (
     STAT_BAD_OFFER,
@@ -66,6 +67,22 @@ class PoolMetrics:
         self.resume_issued = Counter(
             "voicegate_pool_resume_handles_issued_total",
             "Resume handles the supervisor's API issued (POST /v1/sessions/{id}/resume)",
+            registry=r,
+        )
+        self.cluster_nodes = Gauge(
+            "voicegate_cluster_nodes",
+            "Nodes of the cluster by state (up, draining, dead, left), as this node last read "
+            "the node registry (docs/cluster.md); 0 outside a cluster",
+            ["state"],
+            registry=r,
+        )
+        for state in NodeState:
+            self.cluster_nodes.labels(state.value)
+        self.sessions_taken_over = Counter(
+            "voicegate_sessions_taken_over_total",
+            "Sessions of a dead node this node took over (settled, then parked for a callback "
+            "or finalised), by the dead node",
+            ["node"],
             registry=r,
         )
         self.front_door_up = Gauge(

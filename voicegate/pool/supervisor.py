@@ -34,16 +34,18 @@ import aiohttp
 from prometheus_client import multiprocess
 
 from config import Settings
-from config.workers import WorkerSlot, worker_slots
-from session.reaper import expire_away, reap_stale
+from config.workers import WorkerSlot, pool_name, worker_slots
+from session.reaper import expire_away, parked, reap_stale
 from session.resume import ResumeRecord
-from session.store import SessionStore, SessionSummary
+from session.store import SessionStore, SessionSummary, StoreError
 from session.store.location import StoreLocation
+from session.store.nodes import NodeWorker
 from session.store.postgres import Availability
 from session.store.reader import StoreReader
 from session.store.writer import StoreWriter
 from session.vocabulary import OwnerId
 from voicegate.observe.pool_metrics import PoolMetrics
+from voicegate.pool.cluster import NodeKeeper
 from voicegate.pool.front_door import FrontDoorError, Kamailio, front_door_for, unix_socket_path_ok
 from voicegate.pool.process_tree import die_with_parent
 
@@ -140,9 +142,7 @@ class Supervisor:
             self.metrics.health_failures.labels(worker.slot.name)
             for reason in RESTART_REASONS:
                 self.metrics.restarts.labels(worker.slot.name, reason)
-        self.owner = OwnerId(
-            f"{settings.session.worker_name}.supervisor", uuid.uuid4().hex[:12]
-        ).format()
+        self.owner = OwnerId(f"{pool_name(settings)}.supervisor", uuid.uuid4().hex[:12]).format()
         self.stopping = False
         self.front: Kamailio | None = None
         self.location = StoreLocation.of(settings.storage)
@@ -150,6 +150,7 @@ class Supervisor:
         self._reader: StoreReader | None = None
         self._writer: StoreWriter | None = None
         self._http: aiohttp.ClientSession | None = None
+        self.keeper: NodeKeeper | None = None  # a node of a cluster (docs/cluster.md)
         self._wake = asyncio.Event()  # set when stopping: ends backoff sleeps at once
         self._front_task: asyncio.Task[None] | None = None
 
@@ -191,6 +192,21 @@ class Supervisor:
             lambda: location.open(availability=availability), name="pool-store-reader"
         )
         self._http = aiohttp.ClientSession()
+        if self.settings.node.name:
+            self.keeper = NodeKeeper(
+                self.settings,
+                incarnation=OwnerId.parse(self.owner).incarnation,
+                session_owner=self.owner,
+                workers=[NodeWorker(w.slot.name, w.slot.sip_uri) for w in self.workers],
+                write=self.write,
+                read=self.read,
+                http=self.http,
+                metrics=self.metrics,
+            )
+            try:
+                await self.keeper.start()
+            except StoreError as exc:
+                raise SupervisorStartError(f"cannot register node: {exc}") from exc
         if self.front is not None:
             try:
                 await self.front.start()
@@ -214,6 +230,18 @@ class Supervisor:
                 ),
             },
         )
+
+    async def write(self, job: Callable[[SessionStore], T]) -> T:
+        """``job(store)`` on the writer thread (session/store/writer.py), never on the loop."""
+        assert self._writer is not None
+        return await asyncio.wrap_future(self._writer.submit(job))
+
+    def node_of(self, owner: str | None) -> str | None:
+        """The node whose process ``owner`` is (its workers are ``<node>.<i>``); None outside a
+        cluster."""
+        if self.keeper is None or owner is None:
+            return None
+        return owner.partition("/")[0].partition(".")[0]
 
     async def read(self, job: Callable[[SessionStore], T]) -> T:
         """``job(store)`` on a reader thread (session/store/reader.py), never on the loop."""
@@ -426,9 +454,18 @@ class Supervisor:
         return None
 
     def is_live(self, summary: SessionSummary) -> bool:
+        if summary.terminal_state is not None:
+            return False
+        if self.worker_of(summary.owner) is not None:
+            return True
+        # Held by a worker of another node that is up (a parked session has no call).
+        node = self.node_of(summary.owner)
         return (
-            summary.terminal_state is None
-            and self.worker_of(summary.owner) is not None
+            self.keeper is not None
+            and node is not None
+            and node != self.keeper.name
+            and self.keeper.is_up(node)
+            and not parked(summary)
         )
 
     @property
@@ -455,6 +492,8 @@ class Supervisor:
         self.stopping = True
         self._wake.set()
         log.info("pool.drain", extra={"deadline_s": self.settings.sip.drain_deadline_s})
+        if self.keeper is not None:
+            await self.keeper.drain()
         if self.front is not None:
             for worker in self.workers:
                 await self.front.set_worker(worker.slot.sip_uri, "d")
@@ -498,6 +537,9 @@ class Supervisor:
         if self.front is not None:
             await self.front.stop()
             self.metrics.front_door_up.set(0)
+        if self.keeper is not None:
+            await self.keeper.stop()
+            self.keeper = None
         if self._http is not None:
             await self._http.close()
         if self._writer is not None:

@@ -31,8 +31,11 @@ from config.tools import ToolSettings
 from session import effects as fx
 from session import events as sev
 from session import ledger
+from session.callback import may_park
 from session.durable import DurableSession
-from session.state import Outstanding
+from session.errors import IllegalTransition
+from session.machine import OWNED
+from session.state import DROPPED_STATUS, Outstanding, SessionState, Signaling
 from session.store import (
     IdempotencyConflict,
     LeaseLost,
@@ -41,7 +44,7 @@ from session.store import (
     SessionSummary,
     ToolReceipt,
 )
-from session.vocabulary import Outcome, OwnerId
+from session.vocabulary import Outcome
 from voicegate.call.executor import execute
 from voicegate.tools.client import ToolClient, ToolOutcome
 from voicegate.tools.records import ensure_intent_row, store_receipt
@@ -100,7 +103,35 @@ async def settle_predecessors(
     client: ToolClient,
     tools: Mapping[str, ToolSettings],
     *,
-    worker: str,
+    prefix: str,
+    me: str,
+    attempts: int,
+    deadline_s: float,
+    record_effects: Callable[[list[fx.Effect]], None],
+    on_outcome: Callable[[str, str], None],
+    on_parked: Callable[[str], None] = lambda session_id: None,
+    now: Callable[[], float] = time.time,
+) -> int:
+    """Reconcile the outstanding intents of the dead owners' sessions whose owner ids start
+    with ``prefix`` (a worker's predecessors, or every worker of a dead node); returns how many.
+    A caller cut off with a write under way gets its session parked for a callback
+    (session/callback.py), settled all the same."""
+    summaries: list[SessionSummary] = await write(
+        lambda store: store.open_sessions(owner_prefix=prefix)
+    )
+    return await _settle(
+        write, client, tools, [s for s in summaries if s.owner != me],
+        lambda state: bool(state.outstanding) or may_park(state),
+        me=me, attempts=attempts, deadline_s=deadline_s, record_effects=record_effects,
+        on_outcome=on_outcome, on_parked=on_parked, now=now,
+    )  # fmt: skip
+
+
+async def settle_lapsed_drops(
+    write: Write,
+    client: ToolClient,
+    tools: Mapping[str, ToolSettings],
+    *,
     me: str,
     attempts: int,
     deadline_s: float,
@@ -108,22 +139,52 @@ async def settle_predecessors(
     on_outcome: Callable[[str, str], None],
     now: Callable[[], float] = time.time,
 ) -> int:
-    """Reconcile the outstanding intents of dead predecessors' sessions; returns how many."""
+    """Dropped sessions whose callback window passed with a write outstanding (the caller cut
+    off while its request was in flight, and never called back): each intent is asked about by
+    key before the sweep ends the session, so its ending records what the provider did rather
+    than leave it unknown (an answer that stays unknown ends it ``needs_human``)."""
+    summaries: list[SessionSummary] = await write(lambda store: store.open_sessions())
+    dropped = [s for s in summaries if s.status.startswith(DROPPED_STATUS)]
+    at = now()
+    return await _settle(
+        write, client, tools, dropped,
+        lambda state: bool(state.outstanding)
+        and state.dropped_until is not None
+        and state.dropped_until <= at,
+        me=me, attempts=attempts, deadline_s=deadline_s, record_effects=record_effects,
+        on_outcome=on_outcome, on_parked=lambda session_id: None, now=now,
+    )  # fmt: skip
+
+
+async def _settle(
+    write: Write,
+    client: ToolClient,
+    tools: Mapping[str, ToolSettings],
+    summaries: list[SessionSummary],
+    wanted: Callable[[SessionState], bool],
+    *,
+    me: str,
+    attempts: int,
+    deadline_s: float,
+    record_effects: Callable[[list[fx.Effect]], None],
+    on_outcome: Callable[[str, str], None],
+    on_parked: Callable[[str], None],
+    now: Callable[[], float],
+) -> int:
     settled = 0
-    prefix = OwnerId.prefix(worker)
-    summaries: list[SessionSummary] = await write(
-        lambda store: store.open_sessions(owner_prefix=prefix)
-    )
     for summary in summaries:
-        if summary.owner == me:
-            continue
         sid = summary.session_id
 
         def load(store: SessionStore, sid: str = sid) -> DurableSession:
             return DurableSession.load(store, sid)
 
-        if not (await write(load)).state.outstanding:
-            continue  # nothing in flight: the reaper alone finalises it
+        state = (await write(load)).state
+        park = may_park(state)
+        if not wanted(state):
+            continue  # nothing in flight and nobody to call back: the reaper finalises it
+        resuming = state.signaling in (Signaling.GONE, Signaling.DROPPED)
+        if not resuming and state.signaling not in OWNED:
+            continue  # away: its rejoin or its expiry settles it (session/away.py)
 
         def take(store: SessionStore, sid: str = sid) -> DurableSession:
             # The writer's store is the session's: its steps run on the writer thread too.
@@ -137,7 +198,17 @@ async def settle_predecessors(
         target = Afterlife(sid)
         step = _stepper(write, session, target, record_effects, now)
         try:
-            await step(sev.OwnerLost("the process serving the call died"))
+            if resuming:
+                # The owner was already lost (an earlier settler died half-way): carry on
+                # from the log, as owner_lost's own effects would have.
+                query, unsent = ledger.settle_plan(session.state.outstanding)
+                target.work.extend(("unsent", key, ledger.NEVER_SENT) for key in unsent)
+                target.reconcile(query)
+            else:
+                await step(sev.OwnerLost("the process serving the call died", park=park))
+            if park and not resuming:
+                on_parked(sid)
+                log.warning("reconcile.parked", extra={"session_id": sid})
             while target.work:
                 what, key, reason = target.work.popleft()
                 intent = next((o for o in session.state.outstanding if o.key == key), None)
@@ -162,6 +233,10 @@ async def settle_predecessors(
                     "reconcile.settled",
                     extra={"session_id": sid, "key": key, "outcome": outcome.outcome, "via": via},
                 )
+        except IllegalTransition as exc:
+            # A log this release cannot step on: leave it to the reaper and a person, and go on
+            # with the others (one bad session must not stop a start-up or a take-over).
+            log.error("reconcile.refused", extra={"session_id": sid, "why": str(exc)})
         except (LeaseLost, SessionFinished) as exc:
             # What is stored stays: whoever owns the session now settles from it.
             _left_to_another(sid, exc)
@@ -212,9 +287,7 @@ def _persist(
                 extra={"session_id": session_id, "key": intent.key, "stored": exc.stored},
             )
             return sev.ToolReceiptConflicted(intent.key, exc.stored or "", exc.offered or "")
-        return sev.ToolReceipt(
-            intent.key, outcome.outcome, str(outcome.detail.get("reason", ""))
-        )
+        return sev.ToolReceipt(intent.key, outcome.outcome, str(outcome.detail.get("reason", "")))
 
     return persist
 
