@@ -9,6 +9,7 @@ Prints figures, never passes or fails (STYLE.md; tests assert behaviour, benchma
     python bench/capacity.py --speech                 # the demo agent recognising every caller
     python bench/capacity.py --store postgresql       # the pool on a throw-away PostgreSQL
     python bench/capacity.py --store both --steps 60,100 --hold 20   # SQLite, then PostgreSQL
+    python bench/capacity.py --nodes 2 --steps 8,16 --hold 15 --no-baseline --rates 10,20
 
 For each step it starts N SIPp callers through the pool's Kamailio (a pool of ceil(N_max / 4)
 workers, at least 2, 4 calls each), waits until all N are answered, then for ``--hold`` seconds
@@ -35,6 +36,22 @@ fresh database the pool is pointed at with VOICEGATE_STORAGE_URL; the database s
 is reported apart, as it is no process of the pool), or ``both``: the same steps for each store
 one after the other, then the figures side by side. After each run the store's sessions are
 counted, which shows the pool really wrote where it was told to.
+
+On PostgreSQL a probe times the store's writes while each step holds its calls (and once while
+the pool idles): a thread in this script appends a small event (bench/store.py's tool intent,
+a few hundred bytes) through session/store/postgres.py every 20 ms to a session of its own, and
+the step reports that append's p50 and p99. voicegate has no metric of its own store latency, so
+this is what any writer of the database waits for beside the pool's, not the workers' own
+appends. The probe's sessions (``bench-store/...``, ended ``completed``) are not counted among
+the pool's.
+
+``--nodes 2``: the same steps and ramp against a cluster (tests/integration/cluster.py): two
+nodes on two hosts (network namespaces, tests/netns.py), each a supervisor over ceil(N_max / 8)
+workers (at least 2), behind the cluster's Kamailio on the gateway, sharing one throw-away
+PostgreSQL there (so ``--store`` is postgresql). The callers run in the root namespace on the
+gateway address. Each step then also reports the calls each node held, the RTP is captured on
+the network's bridge (each node's packets apart), and "pool" is both nodes' processes and
+Kamailio.
 """
 
 from __future__ import annotations
@@ -45,24 +62,31 @@ import functools
 import itertools
 import math
 import os
+import re
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import wave
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from audio.prompts import PromptLibrary, default_prompts_dir  # noqa: E402
 from config.settings import AudioSettings  # noqa: E402
-from session.store import SessionSummary  # noqa: E402
+from session.store import SessionSummary, StoreError  # noqa: E402
 from session.store.location import SQLITE_FILE, StoreLocation  # noqa: E402
+from tests.integration.cluster import SIP_PORT as CLUSTER_SIP_PORT  # noqa: E402
+from tests.integration.cluster import Cluster  # noqa: E402
+from tests.integration.cluster import running_cluster as running_nodes  # noqa: E402
 from tests.integration.harness import (  # noqa: E402
     Server,
     Sipp,
@@ -71,10 +95,11 @@ from tests.integration.harness import (  # noqa: E402
     rtp_range,
     wait_for,
 )
-from tests.integration.rtp_capture import Capture  # noqa: E402
+from tests.integration.rtp_capture import Capture, RtpPacket, read_rtp  # noqa: E402
 from tests.pg_cluster import PgCluster, running_cluster  # noqa: E402
 from voicegate.pool.front_door import find_executable  # noqa: E402
 from voicegate.pool.kamailio_config import (  # noqa: E402
+    STAT_NO_WORKER,
     FrontDoor,
     render_config,
     render_dispatcher_list,
@@ -86,6 +111,9 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 SPEECH_S = 7.2  # pcap/g711a.pcap
 BASELINE_PROMPT = "greeting"
 STORES = ("sqlite", "postgresql")
+PROBE_EVERY_S = 0.02  # the store probe's pace: one small append every 20 ms
+PROBE_WARM_UP = 10
+CALLS_PER_WORKER = 4
 
 # A caller that talks for its whole call: the A-law speech capture, again and again.
 SPEAKING_CALLER = """<?xml version="1.0" encoding="ISO-8859-1" ?>
@@ -265,6 +293,8 @@ class Step:
     pool_busy: float
     baseline_per_call: float | None = None
     db_cpu: float | None = None  # the PostgreSQL server's processes, % of one core (not the pool's)
+    per_node: dict[str, int] | None = None  # calls each node held (--nodes 2)
+    write: WriteLatency | None = None  # the store probe's appends meanwhile (PostgreSQL)
 
 
 def rtp_interval_p99_ms(work: Path, rtp: tuple[int, int], seconds: float) -> tuple[float, float]:
@@ -273,10 +303,51 @@ def rtp_interval_p99_ms(work: Path, rtp: tuple[int, int], seconds: float) -> tup
     capture = Capture(work / f"rtp-{time.monotonic_ns()}.pcap", *rtp)
     time.sleep(seconds)
     packets = capture.stop()
-    by_port: dict[int, list[float]] = {}
-    for packet in packets:
-        if rtp[0] <= packet.src_port <= rtp[1]:
-            by_port.setdefault(packet.src_port, []).append(packet.at)
+    return interval_figures(
+        {port: times for (_, port), times in sent_by_port([packets], rtp).items()}
+    )
+
+
+def sent_by_port(
+    captures: list[list[RtpPacket]], rtp: tuple[int, int]
+) -> dict[tuple[int, int], list[float]]:
+    """When each (capture, server RTP port) sent its packets."""
+    by_port: dict[tuple[int, int], list[float]] = {}
+    for index, packets in enumerate(captures):
+        for packet in packets:
+            if rtp[0] <= packet.src_port <= rtp[1]:
+                by_port.setdefault((index, packet.src_port), []).append(packet.at)
+    return by_port
+
+
+class WireCapture:
+    """``tcpdump`` on ``interface`` of what ``source`` sends from a UDP port range (the cluster's
+    bridge: each node's packets in a file of their own, as both nodes use the same ports)."""
+
+    def __init__(self, path: Path, interface: str, source: str, rtp: tuple[int, int]) -> None:
+        tcpdump = shutil.which("tcpdump")
+        assert tcpdump, "tcpdump is needed for RTP captures (apt-get install tcpdump)"
+        self.path = path
+        self.process = subprocess.Popen(
+            [tcpdump, "-i", interface, "-U", "-n", "-w", str(path),
+             f"src host {source} and udp portrange {rtp[0]}-{rtp[1]}"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        assert self.process.stderr is not None
+        line = self.process.stderr.readline().decode()
+        assert "listening on" in line, line
+
+    def stop(self) -> list[RtpPacket]:
+        self.process.send_signal(signal.SIGINT)
+        self.process.wait(timeout=10)
+        if self.process.stderr is not None:
+            self.process.stderr.close()
+        return read_rtp(self.path)
+
+
+def interval_figures(by_port: dict[Any, list[float]]) -> tuple[float, float]:
+    """p99 of the gaps between each port's consecutive packets (ms), and its mean packets per
+    second."""
     gaps: list[float] = []
     for times in by_port.values():
         gaps.extend(b - a for a, b in itertools.pairwise(times))
@@ -287,6 +358,125 @@ def rtp_interval_p99_ms(work: Path, rtp: tuple[int, int], seconds: float) -> tup
         (len(times) - 1) / (times[-1] - times[0]) for times in by_port.values() if len(times) > 1
     )
     return gaps[min(len(gaps) - 1, int(0.99 * len(gaps)))] * 1000, pps
+
+
+@dataclass(frozen=True)
+class WriteLatency:
+    """The store probe's appends over one window."""
+
+    samples: int
+    p50_ms: float
+    p99_ms: float
+    errors: int
+
+    def text(self) -> str:
+        errors = f", {self.errors} errors" if self.errors else ""
+        return f"p50 {self.p50_ms:.2f} / p99 {self.p99_ms:.2f} ms ({self.samples} writes{errors})"
+
+
+class WriteProbe:
+    """A thread that appends one small event every PROBE_EVERY_S through the store's own code
+    (bench/store.py's Writer: its tool intent, on a session of the probe's own) and times each
+    append; :meth:`stop` gives the figures."""
+
+    def __init__(self, location: StoreLocation) -> None:
+        from store import Writer  # bench/store.py (it imports this module: so, here)
+
+        self.store = location.open()
+        self.writer = Writer(self.store, "probe")
+        for _ in range(PROBE_WARM_UP):  # untimed: the connection, the statements' first plans
+            self.writer.step(checkpoint=False)
+        self.latencies_ns: list[int] = []
+        self.errors = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="store-probe", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        next_at = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                elapsed, _ = self.writer.step(checkpoint=False)
+                self.latencies_ns.append(elapsed)
+            except StoreError:
+                self.errors += 1
+                self.writer.abandon()
+            next_at += PROBE_EVERY_S
+            self._stop.wait(max(0.0, next_at - time.monotonic()))
+
+    def stop(self) -> WriteLatency:
+        self._stop.set()
+        self._thread.join(timeout=30)
+        try:
+            self.writer.close()
+        finally:
+            self.store.close()
+        ordered = sorted(self.latencies_ns)
+
+        def ms(q: float) -> float:
+            if not ordered:
+                return float("nan")
+            return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))] / 1e6
+
+        return WriteLatency(len(ordered), ms(0.5), ms(0.99), self.errors)
+
+
+@contextlib.contextmanager
+def probing(location: StoreLocation | None) -> Iterator[list[WriteLatency]]:
+    """Times the store's writes for the block (PostgreSQL only: None or a file gives nothing);
+    the figures are in the yielded list once the block is over."""
+    found: list[WriteLatency] = []
+    if location is None or not location.url:
+        yield found
+        return
+    probe = WriteProbe(location)
+    try:
+        yield found
+    finally:
+        found.append(probe.stop())
+
+
+def not_the_probes(summary: SessionSummary) -> bool:
+    return summary.meta.get("bench") != "store"
+
+
+class Target(Protocol):
+    """What the steps and the ramp run against: one pool (:class:`Pool`) or the nodes of a
+    cluster (:class:`Nodes`)."""
+
+    workers: int
+    local_ip: str  # where SIPp binds
+
+    @property
+    def sip_target(self) -> str: ...
+    def ready(self) -> int: ...
+    def worker_pids(self) -> list[int]: ...
+    def restarts(self) -> int: ...
+    def answered(self) -> int: ...
+    def answered_by_node(self) -> dict[str, int] | None: ...
+    def frames(self) -> dict[str, tuple[int, int]]: ...
+    def metrics(self) -> Samples: ...
+    def live_calls(self) -> list[dict[str, Any]]: ...
+    def own_pids(self) -> list[int]: ...
+    def rtp_interval(self, work: Path, seconds: float) -> tuple[float, float]: ...
+    def store(self) -> StoreLocation: ...
+
+
+def capacity_env(media: BridgeMedia, settings: dict[str, str]) -> dict[str, str]:
+    """The settings every serving process of this bench runs with, beside its ports."""
+    return {
+        "VOICEGATE_LOG_LEVEL": "warning",
+        # Per worker; the pool admits workers x this. The ramp measures the whole.
+        "VOICEGATE_SIP_MAX_SETUP_RATE": "30",
+        # Every SIPp caller is one source (127.0.0.1), like a carrier trunk: no per-source
+        # limit at the front door, or the ramp would measure pike instead of the pool.
+        "VOICEGATE_POOL_SOURCE_MAX_RATE": "0",
+        "VOICEGATE_SESSION_NO_INPUT_S": "0",
+        "VOICEGATE_POOL_START_TIMEOUT_S": "120",
+        "VOICEGATE_MEDIA_RESAMPLE_QUALITY": str(media.quality),
+        "VOICEGATE_MEDIA_CLOCK_RATE": str(media.clock_rate),
+        **settings,
+    }
 
 
 class Pool:
@@ -300,20 +490,15 @@ class Pool:
             "VOICEGATE_POOL_WORKER_HTTP_PORT": str(free_port_block(workers, udp_and_tcp=False)),
             "VOICEGATE_MEDIA_RTP_PORT_MIN": str(self.rtp[0]),
             "VOICEGATE_MEDIA_RTP_PORT_MAX": str(self.rtp[1]),
-            "VOICEGATE_LOG_LEVEL": "warning",
-            # Per worker; the pool admits workers x this. The ramp measures the whole.
-            "VOICEGATE_SIP_MAX_SETUP_RATE": "30",
-            # Every SIPp caller is one source (127.0.0.1), like a carrier trunk: no per-source
-            # limit at the front door, or the ramp would measure pike instead of the pool.
-            "VOICEGATE_POOL_SOURCE_MAX_RATE": "0",
-            "VOICEGATE_SESSION_NO_INPUT_S": "0",
-            "VOICEGATE_POOL_START_TIMEOUT_S": "120",
-            "VOICEGATE_MEDIA_RESAMPLE_QUALITY": str(media.quality),
-            "VOICEGATE_MEDIA_CLOCK_RATE": str(media.clock_rate),
-            **settings,
+            **capacity_env(media, settings),
         }
         self.server = Server(work / "pool", env_overrides=env)
         self.workers = workers
+        self.local_ip = "127.0.0.1"
+
+    @property
+    def sip_target(self) -> str:
+        return self.server.sip_target
 
     def store(self) -> StoreLocation:
         """Where the pool keeps its sessions: the database its settings name, else the embedded
@@ -354,6 +539,138 @@ class Pool:
             if c.get("frames_in") is not None
         }
 
+    def answered_by_node(self) -> dict[str, int] | None:
+        return None  # one pool: no nodes
+
+    def metrics(self) -> Samples:
+        return self.server.metrics()
+
+    def live_calls(self) -> list[dict[str, Any]]:
+        return self.server.live_calls()
+
+    def own_pids(self) -> list[int]:
+        """The supervisor, its workers and its Kamailio."""
+        assert self.server.process is not None
+        return descendants(self.server.process.pid)
+
+    def rtp_interval(self, work: Path, seconds: float) -> tuple[float, float]:
+        return rtp_interval_p99_ms(work, self.rtp, seconds)
+
+
+_STAT = re.compile(r"^\s*script:(\w+)\s*=\s*(\d+)\s*$", re.M)
+
+
+class Nodes:
+    """The nodes of a cluster (tests/integration/cluster.py) behind its Kamailio, as one target:
+    what a step reads of a pool, summed over the nodes."""
+
+    def __init__(self, cluster: Cluster, workers_per_node: int, rtp: tuple[int, int]) -> None:
+        self.cluster = cluster
+        self.per_node = workers_per_node
+        self.workers = workers_per_node * len(cluster.nodes)
+        self.rtp = rtp
+        self.local_ip = cluster.net.gateway
+
+    @property
+    def sip_target(self) -> str:
+        return f"{self.cluster.net.gateway}:{CLUSTER_SIP_PORT}"
+
+    def start(self) -> None:
+        """Wait for every worker of every node ready and in Kamailio's set (running_nodes has
+        started them)."""
+        door = self.cluster.door
+        assert door is not None
+        wait_for(lambda: self.ready() == self.workers, 180, "every worker of both nodes ready")
+        wait_for(
+            lambda: len(door.active() or []) == self.workers, 60, "every worker in Kamailio's set"
+        )
+
+    def workers_now(self) -> list[dict[str, Any]]:
+        found = []
+        for server in self.cluster.nodes.values():
+            status, body = server.http("/v1/pool")
+            assert status == 200, body
+            found.extend(body["workers"])
+        return found
+
+    def ready(self) -> int:
+        return sum(1 for w in self.workers_now() if w["state"] == "ready")
+
+    def worker_pids(self) -> list[int]:
+        return [int(w["pid"]) for w in self.workers_now() if w["pid"]]
+
+    def restarts(self) -> int:
+        return sum(int(w["restarts"]) for w in self.workers_now())
+
+    def answered_by_node(self) -> dict[str, int]:
+        return {
+            name: int(server.metric("voicegate_calls_active"))
+            for name, server in self.cluster.nodes.items()
+        }
+
+    def answered(self) -> int:
+        return sum(self.answered_by_node().values())
+
+    def frames(self) -> dict[str, tuple[int, int]]:
+        found = {}
+        for server in self.cluster.nodes.values():
+            status, body = server.http("/v1/calls")
+            if status == 200:
+                for c in body["calls"]:
+                    if c.get("frames_in") is not None:
+                        found[c["call_id"]] = (c["frames_in"], c["frames_out"])
+        return found
+
+    def door_refused(self) -> int:
+        """INVITEs Kamailio answered 503 itself, no worker in its set (its own counter, read
+        over its ctl socket as a pool's supervisor reads it)."""
+        door = self.cluster.door
+        assert door is not None
+        listed = subprocess.run(
+            ["kamcmd", "-s", f"unix:{door.run_dir / 'kamailio-ctl.sock'}",
+             "stats.get_statistics", "script:"],
+            capture_output=True, text=True, timeout=10,
+        )  # fmt: skip
+        found = {name: int(value) for name, value in _STAT.findall(listed.stdout)}
+        return found.get(STAT_NO_WORKER, 0)
+
+    def metrics(self) -> Samples:
+        """Every node's samples summed by name and labels, with Kamailio's refusals as the
+        pool's own front door would count them."""
+        summed: Samples = {}
+        for server in self.cluster.nodes.values():
+            for sample, value in server.metrics().items():
+                summed[sample] = summed.get(sample, 0.0) + value
+        summed[("voicegate_front_door_refused_total", ())] = float(self.door_refused())
+        return summed
+
+    def live_calls(self) -> list[dict[str, Any]]:
+        return [c for server in self.cluster.nodes.values() for c in server.live_calls()]
+
+    def own_pids(self) -> list[int]:
+        """Both nodes' supervisors and workers, and Kamailio."""
+        pids = []
+        for server in self.cluster.nodes.values():
+            assert server.process is not None
+            pids.extend(descendants(server.process.pid))
+        door = self.cluster.door
+        assert door is not None and door.process is not None
+        return pids + descendants(door.process.pid)
+
+    def rtp_interval(self, work: Path, seconds: float) -> tuple[float, float]:
+        """As :func:`rtp_interval_p99_ms`, captured on the cluster's bridge, each node apart."""
+        stamp = time.monotonic_ns()
+        captures = [
+            WireCapture(work / f"rtp-{stamp}-{host.name}.pcap", self.cluster.net.bridge,
+                        host.address, self.rtp)
+            for host in self.cluster.hosts.values()
+        ]  # fmt: skip
+        time.sleep(seconds)
+        return interval_figures(sent_by_port([c.stop() for c in captures], self.rtp))
+
+    def store(self) -> StoreLocation:
+        return StoreLocation(self.cluster.store_url, Path("/nonexistent") / SQLITE_FILE)
+
 
 def pool_workers(calls: int) -> int:
     """Workers for ``calls`` at 4 calls each; at least 2, as one worker is no pool (no Kamailio,
@@ -380,7 +697,7 @@ def pool_settings(
     return settings
 
 
-def place_calls(pool: Pool, calls: int, work: Path, hold_s: float, name: str) -> Sipp:
+def place_calls(pool: Target, calls: int, work: Path, hold_s: float, name: str) -> Sipp:
     """Start ``calls`` talking callers (SIPp, 20 new calls a second) and wait until the pool
     holds them all, or for as long as the ramp should take: a saturated machine answers fewer,
     and the caller measures what it holds. Each caller hangs up by itself about ``hold_s`` after
@@ -390,8 +707,8 @@ def place_calls(pool: Pool, calls: int, work: Path, hold_s: float, name: str) ->
     # workers' BYEs retransmitting (and call slots held) for 32 s.
     scenario = write_scenario(work, ramp_s + hold_s + 4)
     callers = Sipp(
-        str(scenario), pool.server.sip_target, work / name, calls=calls, rate=20,
-        limit=calls, timeout_s=int(ramp_s + hold_s + 90),
+        str(scenario), pool.sip_target, work / name, calls=calls, rate=20,
+        limit=calls, timeout_s=int(ramp_s + hold_s + 90), local_ip=pool.local_ip,
     ).start()  # fmt: skip
     try:
         deadline = time.monotonic() + ramp_s + 20
@@ -411,7 +728,7 @@ def database_pids(cluster: PgCluster) -> list[int]:
 
 
 def count_sessions(
-    location: StoreLocation, where: Callable[[SessionSummary], bool] | None = None
+    location: StoreLocation, where: Callable[[SessionSummary], bool] | None = not_the_probes
 ) -> int | None:
     """How many sessions the store holds (only those ``where`` accepts, when given); None for
     an SQLite file that was never made."""
@@ -430,34 +747,37 @@ def count_sessions(
 
 
 def measure_step(
-    pool: Pool,
+    pool: Target,
     calls: int,
     hold_s: float,
     work: Path,
     idle: dict[str, float],
     db_pids: Callable[[], list[int]] | None = None,
+    probe: StoreLocation | None = None,
 ) -> Step:
     """One step of ``calls`` concurrent calls; ``db_pids``: the database server's processes,
-    measured apart (PostgreSQL; the SQLite store is the workers' own writer thread)."""
+    measured apart (PostgreSQL; the SQLite store is the workers' own writer thread); ``probe``:
+    the database whose writes are timed meanwhile (:class:`WriteProbe`)."""
     callers = place_calls(pool, calls, work, hold_s, f"step-{calls}")
     try:
         time.sleep(2)  # let every call's media settle
         pids = pool.worker_pids()
         cpu = CpuWindow(pids)
-        assert pool.server.process is not None
-        own = CpuWindow(descendants(pool.server.process.pid))
+        own = CpuWindow(pool.own_pids())
         db = CpuWindow(db_pids()) if db_pids is not None else None
         machine = MachineCpu()
-        frames_before, t0 = pool.frames(), time.monotonic()
-        p99, wire_pps = rtp_interval_p99_ms(work, pool.rtp, min(5.0, hold_s / 2))
-        time.sleep(max(0.0, hold_s - (time.monotonic() - t0)))
-        frames_after, t1 = pool.frames(), time.monotonic()
+        with probing(probe) as writes:
+            frames_before, t0 = pool.frames(), time.monotonic()
+            p99, wire_pps = pool.rtp_interval(work, min(5.0, hold_s / 2))
+            time.sleep(max(0.0, hold_s - (time.monotonic() - t0)))
+            frames_after, t1 = pool.frames(), time.monotonic()
         total = cpu.percent()
         pool_busy = own.percent() / (os.cpu_count() or 1)
         db_cpu = db.percent() if db is not None else None
         machine_busy = machine.percent()
         rss = sum(rss_bytes(pid) for pid in pids)
         held = pool.answered()
+        per_node = pool.answered_by_node()
         callers.wait()
     finally:
         callers.kill()
@@ -466,7 +786,7 @@ def measure_step(
         if call_id in frames_before:
             rates_in.append((fin - frames_before[call_id][0]) / (t1 - t0))
             rates_out.append((fout - frames_before[call_id][1]) / (t1 - t0))
-    wait_for(lambda: not pool.server.live_calls(), 60, "the step's calls to end")
+    wait_for(lambda: not pool.live_calls(), 60, "the step's calls to end")
     time.sleep(2)
     return Step(
         calls=calls,
@@ -482,6 +802,8 @@ def measure_step(
         frames_seen=len(rates_in),
         rss_per_call_mb=(rss - idle["rss"]) / max(1, held) / 2**20,
         db_cpu=db_cpu,
+        per_node=per_node,
+        write=writes[0] if writes else None,
     )
 
 
@@ -554,7 +876,7 @@ def baseline_per_call(calls: int, hold_s: float, work: Path, media: BridgeMedia)
     return (spent - idle_cpu) / calls
 
 
-def rate_ramp(pool: Pool, rates: list[int], work: Path) -> int:
+def rate_ramp(pool: Target, rates: list[int], work: Path) -> int:
     """Prints each rate's counts; returns the highest rate with every call answered."""
     print("\nset-up rate ramp (uac-burst: INVITE, 200, ACK, BYE at once; 3 s per rate)")
     print(f"  {'rate/s':>7} {'calls':>6} {'answered':>9} {'refused':>8} {'failed':>7}  workers")
@@ -562,13 +884,13 @@ def rate_ramp(pool: Pool, rates: list[int], work: Path) -> int:
     pids_before = set(pool.worker_pids())
     for rate in rates:
         calls = rate * 3
-        before = pool.server.metrics()
+        before = pool.metrics()
         burst = Sipp(
-            "uac-burst.xml", pool.server.sip_target, work / f"rate-{rate}", calls=calls,
-            rate=rate, limit=max(8, pool.workers * 4), timeout_s=60,
+            "uac-burst.xml", pool.sip_target, work / f"rate-{rate}", calls=calls,
+            rate=rate, limit=max(8, pool.workers * 4), timeout_s=60, local_ip=pool.local_ip,
         )  # fmt: skip
         burst.run()
-        after = pool.server.metrics()
+        after = pool.metrics()
 
         def delta(name: str, after: Samples = after, before: Samples = before) -> float:
             return sum(v for (n, _), v in after.items() if n == name) - sum(
@@ -615,9 +937,71 @@ class StoreRun:
     idle_db: float | None  # the idle database server, % of one core (PostgreSQL)
     best_rate: int | None  # from the ramp, when one ran
     sessions: int | None  # sessions the store held after the run
+    idle_write: WriteLatency | None = None  # the store probe while the pool idled
+    nodes: int = 1
+    sessions_by_node: dict[str, int] = field(default_factory=dict)
 
     def step(self, calls: int) -> Step | None:
         return next((s for s in self.results if s.calls == calls), None)
+
+
+@dataclass
+class Measured:
+    results: list[Step]
+    idle: dict[str, float]  # the idle pool's workers: "cpu" (% of one core) and "rss" (bytes)
+    idle_db: float | None
+    idle_write: WriteLatency | None
+    best_rate: int | None
+
+
+def measure(
+    pool: Target,
+    args: argparse.Namespace,
+    work: Path,
+    db_pids: Callable[[], list[int]] | None,
+    probe: StoreLocation | None,
+) -> Measured:
+    """Idle the started ``pool``, run every step and the rate ramp, printing as it goes."""
+    steps = [int(x) for x in args.steps.split(",")]
+    rates = [int(x) for x in args.rates.split(",") if x]
+    results: list[Step] = []
+    time.sleep(3)
+    pids = pool.worker_pids()
+    window = CpuWindow(pids)
+    db_window = CpuWindow(db_pids()) if db_pids is not None else None
+    with probing(probe) as writes:
+        time.sleep(5)
+    idle = {"cpu": window.percent(), "rss": float(sum(rss_bytes(p) for p in pids))}
+    idle_db = db_window.percent() if db_window is not None else None
+    idle_write = writes[0] if writes else None
+    database = f", database {idle_db:.1f}% of a core" if idle_db is not None else ""
+    written = f"; store writes {idle_write.text()}" if idle_write is not None else ""
+    print(
+        f"  idle pool: {idle['cpu']:.1f}% of a core for {pool.workers} workers, "
+        f"{idle['rss'] / 2**20:.0f} MiB RSS{database}{written}"
+    )
+    for calls in steps:
+        step = measure_step(pool, calls, args.hold, work, idle, db_pids, probe)
+        results.append(step)
+        database = f", database {step.db_cpu:.0f}% of a core" if step.db_cpu is not None else ""
+        nodes = (
+            " (" + ", ".join(f"{n} {c}" for n, c in sorted(step.per_node.items())) + ")"
+            if step.per_node is not None
+            else ""
+        )
+        written = f", store writes {step.write.text()}" if step.write is not None else ""
+        print(
+            f"  step {calls:>3}: held {step.held}{nodes}, machine {step.machine_busy:.0f}% busy "
+            f"(pool {step.pool_busy:.0f}%), "
+            f"workers {step.cpu_total:.0f}% of a core, "
+            f"{step.cpu_per_call:.2f}%/call, fps in/out {step.fps_in:.1f}/{step.fps_out:.1f} "
+            f"({step.frames_seen} calls reported), RTP out {step.wire_pps:.1f} pkt/s/call, "
+            f"RTP interval p99 {step.interval_p99_ms:.1f} ms, "
+            f"{step.rss_per_call_mb:.1f} MiB/call{database}{written}",
+            flush=True,
+        )
+    best_rate = rate_ramp(pool, rates, work) if rates else None
+    return Measured(results, idle, idle_db, idle_write, best_rate)
 
 
 def run_pool(
@@ -629,8 +1013,6 @@ def run_pool(
     cluster: PgCluster | None,
 ) -> StoreRun:
     """Start a pool on ``store``, idle it, run every step and the rate ramp, stop it."""
-    steps = [int(x) for x in args.steps.split(",")]
-    rates = [int(x) for x in args.rates.split(",") if x]
     url = ""
     db_pids: Callable[[], list[int]] | None = None
     if store == "postgresql":
@@ -644,39 +1026,9 @@ def run_pool(
     pool = Pool(work, workers, media, settings)
     where = pool.store().describe()
     print(f"  store: {store} ({where})", flush=True)
-    results: list[Step] = []
-    best_rate: int | None = None
-    idle_db: float | None = None
     try:
         pool.start()  # in the try: a pool that never got ready is stopped all the same
-        time.sleep(3)
-        pids = pool.worker_pids()
-        window = CpuWindow(pids)
-        db_window = CpuWindow(db_pids()) if db_pids is not None else None
-        time.sleep(5)
-        idle = {"cpu": window.percent(), "rss": float(sum(rss_bytes(p) for p in pids))}
-        idle_db = db_window.percent() if db_window is not None else None
-        database = f", database {idle_db:.1f}% of a core" if idle_db is not None else ""
-        print(
-            f"  idle pool: {idle['cpu']:.1f}% of a core for {workers} workers, "
-            f"{idle['rss'] / 2**20:.0f} MiB RSS{database}"
-        )
-        for calls in steps:
-            step = measure_step(pool, calls, args.hold, work, idle, db_pids)
-            results.append(step)
-            database = f", database {step.db_cpu:.0f}% of a core" if step.db_cpu is not None else ""
-            print(
-                f"  step {calls:>3}: held {step.held}, machine {step.machine_busy:.0f}% busy "
-                f"(pool {step.pool_busy:.0f}%), "
-                f"workers {step.cpu_total:.0f}% of a core, "
-                f"{step.cpu_per_call:.2f}%/call, fps in/out {step.fps_in:.1f}/{step.fps_out:.1f} "
-                f"({step.frames_seen} calls reported), RTP out {step.wire_pps:.1f} pkt/s/call, "
-                f"RTP interval p99 {step.interval_p99_ms:.1f} ms, "
-                f"{step.rss_per_call_mb:.1f} MiB/call{database}",
-                flush=True,
-            )
-        if rates:
-            best_rate = rate_ramp(pool, rates, work)
+        got = measure(pool, args, work, db_pids, pool.store() if url else None)
     finally:
         pool.server.stop()
     sessions = count_sessions(pool.store())
@@ -689,24 +1041,89 @@ def run_pool(
                 f"  WARNING: {stray} sessions in the pool's SQLite file: it did not (only) "
                 "write to PostgreSQL; are VOICEGATE_STORAGE_URL and the runtime wired?"
             )
-    return StoreRun(store, where, results, idle["cpu"], idle_db, best_rate, sessions)
+    return StoreRun(
+        store, where, got.results, got.idle["cpu"], got.idle_db, got.best_rate, sessions,
+        got.idle_write,
+    )  # fmt: skip
+
+
+def node_workers(calls: int, nodes: int) -> int:
+    """Workers per node for ``calls`` spread over ``nodes`` by Kamailio, 4 calls each."""
+    return pool_workers(math.ceil(calls / nodes))
+
+
+def run_nodes(args: argparse.Namespace, work: Path, media: BridgeMedia) -> StoreRun:
+    """The same as :func:`run_pool` against two nodes behind one Kamailio on one PostgreSQL
+    (tests/integration/cluster.py), the cluster started and removed here."""
+    steps = [int(x) for x in args.steps.split(",")]
+    per_node = node_workers(max(steps), args.nodes)
+    # Each host is a network namespace of its own: the nodes may use the same ports.
+    low = 20000
+    rtp = (low, low + max(40, 8 * per_node + 8) - 1)
+    settings = pool_settings(media_port=args.media_port, tick_ms=args.tick_ms, speech=args.speech)
+    env = {
+        **capacity_env(media, settings),
+        "VOICEGATE_POOL_WORKERS": str(per_node),
+        "VOICEGATE_MEDIA_RTP_PORT_MIN": str(rtp[0]),
+        "VOICEGATE_MEDIA_RTP_PORT_MAX": str(rtp[1]),
+        # The product's health checks, not the cluster test's quick ones: a worker slowed by a
+        # busy machine is not killed with its calls (config/settings.py).
+        "VOICEGATE_POOL_HEALTH_INTERVAL_S": "1",
+        "VOICEGATE_POOL_HEALTH_TIMEOUT_S": "5",
+    }
+    door_env = {"VOICEGATE_POOL_SOURCE_MAX_RATE": "0"}  # every caller is one source here
+    with running_nodes(work / "nodes", env=env, door_env=door_env) as cluster:
+        assert cluster.pg is not None
+        pool = Nodes(cluster, per_node, rtp)
+        where = pool.store().describe()
+        print(
+            f"  store: postgresql ({where}), {len(cluster.nodes)} nodes x {per_node} workers on "
+            f"{cluster.net.subnet}, Kamailio on {pool.sip_target}",
+            flush=True,
+        )
+        pool.start()
+        got = measure(pool, args, work, functools.partial(database_pids, cluster.pg), pool.store())
+        wait_for(lambda: not pool.live_calls(), 60, "the ramp's calls to end")
+        sessions = count_sessions(pool.store())
+        by_node: dict[str, int] = {}
+        for name in cluster.nodes:
+            by_node[name] = count_sessions(pool.store(), functools.partial(_owned_by, name)) or 0
+    print(
+        f"  sessions in the store after the run: {sessions} ({where}); by the node that held "
+        "them: " + ", ".join(f"{n} {c}" for n, c in sorted(by_node.items()))
+    )
+    return StoreRun(
+        "postgresql", where, got.results, got.idle["cpu"], got.idle_db, got.best_rate, sessions,
+        got.idle_write, args.nodes, by_node,
+    )  # fmt: skip
+
+
+def _owned_by(node: str, summary: SessionSummary) -> bool:
+    return not_the_probes(summary) and (summary.owner or "").startswith(f"{node}.")
 
 
 def print_results(run: StoreRun, args: argparse.Namespace, media: BridgeMedia) -> None:
     print(
         f"\nconcurrent calls with speech both ways (G.711 A-law caller, "
         f"{media.clock_rate // 1000} kHz bridge, resample quality {media.quality}; "
-        f"pool: {args.media_port} media port, {args.tick_ms} ms audio tick; store: {run.store})"
+        f"pool: {args.media_port} media port, {args.tick_ms} ms audio tick; store: {run.store}"
+        f"{f'; {run.nodes} nodes' if run.nodes > 1 else ''})"
     )
+    nodes = run.nodes > 1
+    writes = any(s.write is not None for s in run.results)
     print(
         f"  {'calls':>5} {'held':>5} {'machine':>8} {'pool':>5} {'workers':>8} {'CPU/call':>9} "
         f"{'C-only':>7} "
         f"{'ratio':>6} "
         f"{'fps in':>7} {'fps out':>8} {'wire':>6} {'p99 ms':>7} {'MiB/call':>9}"
+        + (f" {'per node':>12}" if nodes else "")
+        + (f" {'write p50/p99 ms':>17}" if writes else "")
     )
     for s in run.results:
         base = f"{s.baseline_per_call:.2f}%" if s.baseline_per_call is not None else "-"
         ratio = f"{s.cpu_per_call / s.baseline_per_call:.1f}x" if s.baseline_per_call else "-"
+        per_node = " / ".join(str(c) for _, c in sorted((s.per_node or {}).items())) or "-"
+        write = f"{s.write.p50_ms:.2f} / {s.write.p99_ms:.2f}" if s.write is not None else "-"
         print(
             f"  {s.calls:>5} {s.held:>5} {s.machine_busy:>7.0f}% {s.pool_busy:>4.0f}% "
             f"{s.cpu_total:>7.0f}% "
@@ -714,7 +1131,11 @@ def print_results(run: StoreRun, args: argparse.Namespace, media: BridgeMedia) -
             f"{ratio:>6} {s.fps_in:>7.1f} {s.fps_out:>8.1f} {s.wire_pps:>6.1f} "
             f"{s.interval_p99_ms:>7.1f} "
             f"{s.rss_per_call_mb:>9.1f}"
+            + (f" {per_node:>12}" if nodes else "")
+            + (f" {write:>17}" if writes else "")
         )
+    if run.idle_write is not None:
+        print(f"  store writes with the pool idle: {run.idle_write.text()}")
 
 
 def print_side_by_side(runs: list[StoreRun]) -> None:
@@ -793,24 +1214,45 @@ def main() -> int:
         "without it the demo takes no audio, the agent the capacity targets are for",
     )  # fmt: skip
     parser.add_argument(
-        "--store", choices=(*STORES, "both"), default="sqlite",
+        "--store", choices=(*STORES, "both"), default=None,
         help="the session store the pool writes: the embedded SQLite file (default), a "
-        "throw-away PostgreSQL cluster (tests/pg_cluster.py), or both, one after the other",
+        "throw-away PostgreSQL cluster (tests/pg_cluster.py), or both, one after the other "
+        "(--nodes 2: postgresql only, the default there)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--nodes", type=int, choices=(1, 2), default=1,
+        help="1: one pool on loopback; 2: two nodes in network namespaces behind one Kamailio "
+        "on one PostgreSQL (tests/integration/cluster.py; needs root)",
     )  # fmt: skip
     parser.add_argument("--work", help="keep logs and captures here (default: a temp dir)")
     args = parser.parse_args()
+    if args.store is None:
+        args.store = "postgresql" if args.nodes > 1 else "sqlite"
+    if args.nodes > 1 and args.store != "postgresql":
+        parser.error("--nodes 2 shares one PostgreSQL: --store postgresql (or leave it out)")
     steps = [int(x) for x in args.steps.split(",")]
     stores = list(STORES) if args.store == "both" else [args.store]
     work = Path(args.work or tempfile.mkdtemp(prefix="voicegate-capacity-"))
     work.mkdir(parents=True, exist_ok=True)
     workers = pool_workers(max(steps))
-    print(
-        f"voicegate capacity: {workers} workers x 4 calls behind Kamailio, {os.cpu_count()} cores"
-    )
+    if args.nodes > 1:
+        per_node = node_workers(max(steps), args.nodes)
+        print(
+            f"voicegate capacity: {args.nodes} nodes x {per_node} workers x {CALLS_PER_WORKER} "
+            f"calls behind one Kamailio, {os.cpu_count()} cores"
+        )
+    else:
+        print(
+            f"voicegate capacity: {workers} workers x {CALLS_PER_WORKER} calls behind Kamailio, "
+            f"{os.cpu_count()} cores"
+        )
     print(f"  work dir: {work}")
     print(f"  agent: the demo {'with speech' if args.speech else 'without speech (no audio)'}")
     media = BridgeMedia(args.resample_quality, args.clock_rate)
     runs: list[StoreRun] = []
+    if args.nodes > 1:
+        runs.append(run_nodes(args, work, media))
+        stores = []
     with contextlib.ExitStack() as stack:
         cluster = stack.enter_context(running_cluster()) if "postgresql" in stores else None
         if cluster is not None:
