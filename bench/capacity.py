@@ -84,7 +84,6 @@ from audio.prompts import PromptLibrary, default_prompts_dir  # noqa: E402
 from config.settings import AudioSettings  # noqa: E402
 from session.store import SessionSummary, StoreError  # noqa: E402
 from session.store.location import SQLITE_FILE, StoreLocation  # noqa: E402
-from tests.integration.cluster import SIP_PORT as CLUSTER_SIP_PORT  # noqa: E402
 from tests.integration.cluster import Cluster  # noqa: E402
 from tests.integration.cluster import running_cluster as running_nodes  # noqa: E402
 from tests.integration.harness import (  # noqa: E402
@@ -573,7 +572,8 @@ class Nodes:
 
     @property
     def sip_target(self) -> str:
-        return f"{self.cluster.net.gateway}:{CLUSTER_SIP_PORT}"
+        assert self.cluster.door is not None
+        return self.cluster.door.target
 
     def start(self) -> None:
         """Wait for every worker of every node ready and in Kamailio's set (running_nodes has

@@ -61,7 +61,6 @@ sys.path.insert(0, str(ROOT))
 from session.state import AWAY_STATUS, DROPPED_STATUS  # noqa: E402
 from tests.integration.cluster import (  # noqa: E402
     DEAD_AFTER_S,
-    SIP_PORT,
     WORKERS,
     Cluster,
     caller_args,
@@ -299,6 +298,11 @@ def dead_seen(cluster: Cluster, node: str) -> bool:
     return status == 200 and any(n["name"] == node and n["state"] == "dead" for n in body["nodes"])
 
 
+def door_target(cluster: Cluster) -> str:
+    assert cluster.door is not None
+    return cluster.door.target
+
+
 def fate(cluster: Cluster, session_id: str) -> dict[str, Any] | None:
     """The session once parked for a callback or ended, else None."""
     session = detail(cluster, session_id)
@@ -312,7 +316,7 @@ def play_round(
 ) -> Round:
     assert cluster.door is not None
     gateway = cluster.net.gateway
-    target = f"{gateway}:{SIP_PORT}"
+    target = cluster.door.target
     # Every draw of the round, in one fixed order: the same seed, the same choices.
     faults_name, faults = FAULTS[rng.randrange(len(FAULTS))]
     draw = {
@@ -402,7 +406,7 @@ def call_back(
     code = _code_of(api(cluster), session)
     gateway = cluster.net.gateway
     back = Sipp(
-        "uac-callback.xml", f"{gateway}:{SIP_PORT}", here / "back", local_ip=gateway,
+        "uac-callback.xml", door_target(cluster), here / "back", local_ip=gateway,
         timeout_s=60, extra=caller_args(here / "back", rnd.number, "1" + code),
     )  # fmt: skip
     rc = back.run()
@@ -499,7 +503,7 @@ def run(args: argparse.Namespace, work: Path) -> Outcome:
     with running_cluster(work, env=env) as cluster:
         print(
             f"  cluster up: nodes {sorted(cluster.nodes)} on {cluster.net.subnet}, Kamailio on "
-            f"{cluster.net.gateway}:{SIP_PORT}",
+            f"{door_target(cluster)}",
             flush=True,
         )
         wait_settled(cluster, "every worker of both nodes in Kamailio's set")

@@ -13,6 +13,7 @@ import hashlib
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping
@@ -30,7 +31,7 @@ API_KEY = "cluster-test-key-" + "k" * 16
 DEAD_AFTER_S = 5.0  # well above a heartbeat missed on a loaded CI machine
 HEARTBEAT_S = 0.5
 WORKERS = 2
-SIP_PORT = 5060  # the front door's, on the gateway
+SIP_PORT = 5060  # the front door's, on the gateway, unless something holds it there
 WORKER_SIP_PORT = 5100  # each host's own: the hosts are separate network namespaces
 WORKER_HTTP_PORT = 8100
 
@@ -83,13 +84,22 @@ class FrontDoor:
         self.store_url = store_url
         self.env = dict(env or {})
         self.process: subprocess.Popen[bytes] | None = None
+        self.port = SIP_PORT
+
+    @property
+    def target(self) -> str:
+        """Where callers dial the cluster: Kamailio's SIP address."""
+        return f"{self.gateway}:{self.port}"
 
     def start(self) -> FrontDoor:
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        # A Kamailio another run left behind may still hold the port on an address this
+        # network reuses (a bound socket outlives its address): take another then.
+        self.port = _free_sip_port(self.gateway, SIP_PORT)
         env = {k: v for k, v in os.environ.items() if not k.startswith("VOICEGATE_")}
         env |= {
             "VOICEGATE_SIP_ADDRESS": self.gateway,
-            "VOICEGATE_SIP_PORT": str(SIP_PORT),
+            "VOICEGATE_SIP_PORT": str(self.port),
             "VOICEGATE_POOL_PROBE_INTERVAL_S": "1",
             "VOICEGATE_STORAGE_URL": self.store_url,
             "VOICEGATE_STORAGE_DATA_DIR": str(self.run_dir / "data"),
@@ -110,7 +120,7 @@ class FrontDoor:
                     "kamailio", "-f", str(self.run_dir / "kamailio.cfg"), "-Y", str(self.run_dir),
                     "-DD", "-E", "-m", "64", "-M", "8",
                 ],
-                stdout=log, stderr=subprocess.STDOUT,
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
         wait_for(lambda: self.active() is not None, 20, f"Kamailio's ctl socket ({self.log()})")
         return self
@@ -140,13 +150,36 @@ class FrontDoor:
         return found
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
+        """Kamailio and every child it forked: the children hold the gateway's SIP port, and a
+        child outliving its main process would keep it from the next network with this
+        subnet ("Address already in use")."""
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
+
+def _free_sip_port(address: str, preferred: int) -> int:
+    """``preferred`` if both UDP and TCP may bind it on ``address``, else a port that may."""
+    for port in (preferred, 0):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as tcp:
+            try:
+                tcp.bind((address, port))
+            except OSError:
+                continue
+            chosen = int(tcp.getsockname()[1])
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+                try:
+                    udp.bind((address, chosen))
+                except OSError:
+                    continue
+            return chosen
+    raise AssertionError(f"no SIP port free on {address} for the front door")
 
 
 class Cluster:

@@ -26,7 +26,6 @@ import pytest
 from tests.integration.cluster import (
     API_KEY,
     DEAD_AFTER_S,
-    SIP_PORT,
     WORKERS,
     Cluster,
     caller_args,
@@ -50,12 +49,13 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
         yield made
 
 
+@pytest.mark.timeout(300)  # about 80 s: three sets of calls, a kill, a restart
 def test_a_node_killed_mid_payment_is_taken_over_and_its_caller_comes_back_on_the_other(
     cluster: Cluster, tmp_path: Path
 ) -> None:
     door = cluster.door
     assert door is not None
-    target = f"{cluster.net.gateway}:{SIP_PORT}"
+    target = door.target
     gateway = cluster.net.gateway
     first = next(iter(cluster.nodes))
     payer = Sipp(
