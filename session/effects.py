@@ -27,6 +27,8 @@ class ClearPlayout(Effect):
 
 @dataclass(frozen=True, slots=True)
 class CancelResponse(Effect):
+    """The response ``response_id`` was cut: the call forgets it, so nothing more of it plays."""
+
     kind: ClassVar[str] = "cancel_response"
     response_id: str
 
@@ -49,6 +51,9 @@ class StopGeneration(Effect):
 
 @dataclass(frozen=True, slots=True)
 class GateChanged(Effect):
+    """The side-effect gate moved from ``old`` to ``new``; the agent is told. ``frozen_s``: how long
+    it was held (frozen, then reconciling) when it opens or closes, else 0."""
+
     kind: ClassVar[str] = "gate_changed"
     old: str
     new: str
@@ -57,6 +62,8 @@ class GateChanged(Effect):
 
 @dataclass(frozen=True, slots=True)
 class StartRecovery(Effect):
+    """A recovery of ``generation`` began, for ``interruption``; it must be over by ``deadline``."""
+
     kind: ClassVar[str] = "start_recovery"
     generation: int
     interruption: str
@@ -65,6 +72,9 @@ class StartRecovery(Effect):
 
 @dataclass(frozen=True, slots=True)
 class AttemptRecovery(Effect):
+    """The recovery's attempt ``attempt``: for a media gap, an in-dialog OPTIONS whose answer comes
+    back as ``RecoveryProbed`` (a re-INVITE or a transfer answers for itself)."""
+
     kind: ClassVar[str] = "attempt_recovery"
     generation: int
     attempt: int
@@ -95,6 +105,8 @@ class ScheduleTimer(Effect):
 
 @dataclass(frozen=True, slots=True)
 class CancelTimer(Effect):
+    """Cancel the timer ``name``; a ``DeadlineFired`` of it that still comes is stale."""
+
     kind: ClassVar[str] = "cancel_timer"
     name: str
 
@@ -109,6 +121,9 @@ class Reconcile(Effect):
 
 @dataclass(frozen=True, slots=True)
 class SendToolRequest(Effect):
+    """Send the request of intent ``key`` (its ``ToolRequestSent`` first), once; a held intent
+    waits for the gate to reopen."""
+
     kind: ClassVar[str] = "send_tool_request"
     key: str
 
@@ -150,6 +165,9 @@ class Say(Effect):
 
 @dataclass(frozen=True, slots=True)
 class NotifyAgent(Effect):
+    """Tell the agent ``what`` happened (``interrupted``, ``resumed``, ``tool_receipt``, ...), with
+    ``detail``."""
+
     kind: ClassVar[str] = "notify_agent"
     what: str
     detail: str = ""
@@ -157,17 +175,25 @@ class NotifyAgent(Effect):
 
 @dataclass(frozen=True, slots=True)
 class ReleaseMedia(Effect):
+    """Take no more caller audio to the agent and no more agent audio; what the session itself
+    queued (a goodbye) still plays before the BYE."""
+
     kind: ClassVar[str] = "release_media"
 
 
 @dataclass(frozen=True, slots=True)
 class HangUp(Effect):
+    """Hang the call up (a BYE, or the end of a call still ringing), ``reason`` saying why, once
+    the prompt a ``Say`` of the same step queued has played."""
+
     kind: ClassVar[str] = "hang_up"
     reason: str
 
 
 @dataclass(frozen=True, slots=True)
 class Finished(Effect):
+    """The session ended ``terminal_state`` (``reason``, at ``stage``) and never leaves it."""
+
     kind: ClassVar[str] = "finished"
     terminal_state: str
     reason: str

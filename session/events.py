@@ -62,16 +62,25 @@ class LegUnanswered(Event):
 
 @dataclass(frozen=True, slots=True)
 class CallAnswered(Event):
+    """The dialog is confirmed (PJSIP's CONFIRMED state: the caller's ACK to our 200, or an
+    outbound leg's callee answered): media flows, and the no-input and max-duration timers start."""
+
     type: ClassVar[str] = "call_answered"
 
 
 @dataclass(frozen=True, slots=True)
 class ReinviteStarted(Event):
+    """The caller sent a re-INVITE on the established dialog (hold, a new codec or address): an
+    interruption, like a media gap, until :class:`ReinviteFinished`."""
+
     type: ClassVar[str] = "reinvite_started"
 
 
 @dataclass(frozen=True, slots=True)
 class ReinviteFinished(Event):
+    """The re-INVITE is over: its new media is up (``ok``), or we answered it with an error and the
+    previous session and media stay (RFC 6141). ``generation``: the recovery it ends."""
+
     type: ClassVar[str] = "reinvite_finished"
     generation: int = 0
     ok: bool = True
@@ -125,6 +134,9 @@ class BridgeEnded(Event):
 
 @dataclass(frozen=True, slots=True)
 class TransferProgress(Event):
+    """A provisional NOTIFY of a transfer under way: its sipfrag ``status`` (pjsua reports the
+    REFER's own 2xx as 100 "Accepted"). A record for the session's status; it moves nothing else."""
+
     type: ClassVar[str] = "transfer_progress"
     status: int = 100
 
@@ -203,6 +215,9 @@ class ResumeReused(Event):
 
 @dataclass(frozen=True, slots=True)
 class CallerHangup(Event):
+    """The caller ended the dialog: their BYE, or their CANCEL before we answered. While bridged
+    it is :class:`BridgeEnded` by the caller."""
+
     type: ClassVar[str] = "caller_hangup"
 
 
@@ -246,22 +261,32 @@ class ServerHangup(Event):
 
 @dataclass(frozen=True, slots=True)
 class MediaLost(Event):
+    """No caller RTP for ``media.gap_threshold_s`` on an answered call (not bridged): an
+    interruption, until :class:`MediaRestored` or the recovery's deadline."""
+
     type: ClassVar[str] = "media_lost"
 
 
 @dataclass(frozen=True, slots=True)
 class MediaRestored(Event):
+    """Caller RTP flows again (or the stream is on hold) during the recovery of ``generation``."""
+
     type: ClassVar[str] = "media_restored"
     generation: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class AgentLinkLost(Event):
+    """A remote agent's link dropped (socket closed, an error, silence, a sequence gap): an
+    interruption while voicegate redials."""
+
     type: ClassVar[str] = "agent_link_lost"
 
 
 @dataclass(frozen=True, slots=True)
 class AgentLinkRestored(Event):
+    """The remote agent's link resumed in time; ``generation``: the recovery it ends."""
+
     type: ClassVar[str] = "agent_link_restored"
     generation: int = 0
 
@@ -281,18 +306,27 @@ class AgentLinkFailed(Event):
 
 @dataclass(frozen=True, slots=True)
 class TurnStarted(Event):
+    """The caller began turn ``turn_id``: enough speech (``audio.turn_min_speech_ms``), or a key
+    press (a whole turn, committed at once). Refused while the gate is not open."""
+
     type: ClassVar[str] = "turn_started"
     turn_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class TurnCommitted(Event):
+    """The caller's turn ``turn_id`` is complete: the speech stopped, or a key was pressed."""
+
     type: ClassVar[str] = "turn_committed"
     turn_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class ResponseStarted(Event):
+    """The agent opened response ``response_id`` in answer to ``turn_id`` (the current turn, if
+    any): its audio plays in the current playback generation. Refused while the gate is not open
+    or another response is active."""
+
     type: ClassVar[str] = "response_started"
     response_id: str = ""
     turn_id: str = ""
@@ -300,6 +334,9 @@ class ResponseStarted(Event):
 
 @dataclass(frozen=True, slots=True)
 class ResponseInterrupted(Event):
+    """The active response was cut before it played out: a barge-in (speech or a key), the agent's
+    cancel, or the server shutting down; ``heard_ms`` of it had been heard. The agent is told."""
+
     type: ClassVar[str] = "response_interrupted"
     response_id: str = ""
     heard_ms: int = 0
@@ -319,6 +356,9 @@ class BargeInJudged(Event):
 
 @dataclass(frozen=True, slots=True)
 class ResponseFinished(Event):
+    """A response ended uncut: it played out, or a newer one of the agent's superseded it while it
+    drained; ``heard_ms`` of it had been heard."""
+
     type: ClassVar[str] = "response_finished"
     response_id: str = ""
     heard_ms: int = 0
@@ -329,6 +369,10 @@ class ResponseFinished(Event):
 
 @dataclass(frozen=True, slots=True)
 class ToolIntent(Event):
+    """A tool call the agent asked for passed the ledger (session/ledger.py), and the gate for a
+    write: the intent ``key`` is recorded with its ``arguments`` before anything is sent. Its step
+    sends it (``send_tool_request``)."""
+
     type: ClassVar[str] = "tool_intent"
     key: str = ""
     tool: str = ""
@@ -345,6 +389,9 @@ class ToolIntent(Event):
 
 @dataclass(frozen=True, slots=True)
 class ToolRequestSent(Event):
+    """The request of intent ``key`` is about to leave: written, and durable, before its HTTP
+    begins, so from here only the provider knows whether it ran."""
+
     type: ClassVar[str] = "tool_request_sent"
     key: str = ""
 
@@ -361,7 +408,10 @@ class ToolRequestWithheld(Event):
 
 @dataclass(frozen=True, slots=True)
 class ToolReceipt(Event):
-    """``outcome``: one of :class:`~session.vocabulary.Outcome` (anything else is refused)."""
+    """The receipt of intent ``key``, written once its row is durable: the provider's answer to
+    the request or to the status query (reconciliation), or ``not_started`` for a request known
+    never sent; ``detail``: the reason given, if any. ``outcome``: one of
+    :class:`~session.vocabulary.Outcome`; anything else is refused."""
 
     type: ClassVar[str] = "tool_receipt"
     key: str = ""
@@ -382,6 +432,10 @@ class ToolReceiptConflicted(Event):
 
 @dataclass(frozen=True, slots=True)
 class ApprovalGiven(Event):
+    """A write tool call that needs the caller's approval (``tools.<name>.approval``) had it (a key
+    press, or a spoken yes): written just before its :class:`ToolIntent`. ``approval_id``: the turn
+    and the request's digest, so one approval admits one request."""
+
     type: ClassVar[str] = "approval_given"
     approval_id: str = ""
 
@@ -405,6 +459,10 @@ class CallerSaid(Event):
 
 @dataclass(frozen=True, slots=True)
 class DeadlineFired(Event):
+    """A timer that a ``schedule_timer`` effect set came due: ``name`` of ``generation``; one
+    that is no longer current is stale. ``name``: one of :class:`~session.deadlines.Timer`;
+    ``recovery_retry`` comes as :class:`RecoveryRetryDue` instead."""
+
     type: ClassVar[str] = "deadline_fired"
     name: str = ""
     generation: int = 0
@@ -412,6 +470,10 @@ class DeadlineFired(Event):
 
 @dataclass(frozen=True, slots=True)
 class RecoveryRetryDue(Event):
+    """The recovery's next scheduled attempt came due (the ``recovery_retry`` timer): attempt
+    ``attempt`` of the recovery of ``generation``. Its step makes the attempt
+    (``attempt_recovery``)."""
+
     type: ClassVar[str] = "recovery_retry_due"
     generation: int = 0
     attempt: int = 0
@@ -435,6 +497,10 @@ class RecoveryProbed(Event):
 
 @dataclass(frozen=True, slots=True)
 class OperatorResolution(Event):
+    """A person's ruling on how the session ends: ``terminal_state``, one its outstanding intents
+    allow (``acceptable_terminal_states``), with a ``note``. Taken in any state; nothing in
+    voicegate writes it yet (no route takes it)."""
+
     type: ClassVar[str] = "operator_resolution"
     terminal_state: str = "canceled"
     note: str = ""

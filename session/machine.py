@@ -82,6 +82,7 @@ RETRY = Timer.RETRY
 
 
 def _ignored(event: ev.Event, why: str) -> Effects:
+    """A stale event's step: nothing changes but one ``StaleEventIgnored`` (counted)."""
     return [fx.StaleEventIgnored(event.type, why)]
 
 

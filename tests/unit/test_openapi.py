@@ -12,6 +12,9 @@ from aiohttp import web
 from openapi_spec_validator import validate
 
 from config import load_settings
+from session.event_reference import EFFECTS
+from session.events import EVENT_TYPES
+from session.state import AgentLink, Gate, Media, Signaling
 from voicegate.control.http_api import make_app
 from voicegate.control.http_rules import QUERY_PARAMETERS
 from voicegate.control.pool_api import make_pool_app
@@ -80,3 +83,29 @@ def test_the_documented_query_parameters_are_the_ones_the_app_takes() -> None:
     taken = {path: QUERY_PARAMETERS.get(path, frozenset()) for path in documented}
     assert documented == taken
     assert set(QUERY_PARAMETERS) <= set(documented)
+
+
+def test_the_event_types_and_effect_kinds_are_the_code_s() -> None:
+    # GET /v1/sessions/{id}'s log: every type session/events.py may write, every effect kind.
+    schemas = _document()["components"]["schemas"]
+    assert schemas["EventType"]["enum"] == sorted(EVENT_TYPES), (
+        "docs/openapi.yaml's EventType must list session/events.py's EVENT_TYPES, sorted"
+    )
+    assert schemas["EffectKind"]["enum"] == sorted(e.kind for e in EFFECTS), (
+        "docs/openapi.yaml's EffectKind must list session/effects.py's kinds, sorted"
+    )
+    detail = schemas["SessionDetail"]["allOf"][1]["properties"]
+    assert detail["events"]["items"] == {"$ref": "#/components/schemas/Event"}
+
+
+def test_the_session_dimensions_are_the_state_s() -> None:
+    detail = _document()["components"]["schemas"]["SessionDetail"]["allOf"][1]["properties"]
+    dimensions = detail["dimensions"]["properties"]
+    for name, values in {
+        "signaling": Signaling,
+        "media": Media,
+        "agent_link": AgentLink,
+        "gate": Gate,
+    }.items():
+        assert dimensions[name]["enum"] == [v.value for v in values], name
+    assert detail["gate"]["properties"]["state"]["enum"] == [g.value for g in Gate]

@@ -30,9 +30,12 @@ from hypothesis.stateful import (
 
 from session import effects as fx
 from session import events as ev
+from session.event_reference import effects_of
 from session.ledger import to_query
 from session.machine import (
+    TRANSITIONS,
     GateClosed,
+    Ignore,
     IllegalTransition,
     SessionTerminated,
     replay,
@@ -397,6 +400,11 @@ def is_stale(effects: list[fx.Effect]) -> bool:
     return len(effects) == 1 and isinstance(effects[0], fx.StaleEventIgnored)
 
 
+# The effect kinds docs/events.md says each event's handler may carry, read from the code
+# (session/event_reference.py): every step below must stay within them.
+MAY_CARRY = {cls: frozenset(effects_of(rule.handler)) for cls, rule in TRANSITIONS.items()}
+
+
 class SessionProperties(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
@@ -556,6 +564,15 @@ class SessionProperties(RuleBasedStateMachine):
         assert not before.terminal, "an event was accepted after the terminal state"
         for effect in effects:
             json.dumps(effect.to_dict())
+
+        # docs/events.md: outside its states an accepted event is one its rule ignores; inside,
+        # its step carries only the kinds the page lists for it (the bound read from the code).
+        rule = TRANSITIONS[type(event)]
+        if before.signaling not in rule.legal_in:
+            assert isinstance(rule.elsewhere, Ignore) and is_stale(effects), event
+        else:
+            extra = {e.kind for e in effects} - {e.kind for e in MAY_CARRY[type(event)]}
+            assert not extra, f"{event.type} carried {sorted(extra)}, which docs/events.md omits"
 
         # The side-effect gate (seed 000): new work only through an open gate.
         if isinstance(event, ev.ToolIntent) and event.kind == "write":
