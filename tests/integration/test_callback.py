@@ -180,6 +180,10 @@ def test_a_caller_cut_off_mid_payment_calls_back_enters_the_code_and_hears_the_o
     (back,) = [e for e in session["events"] if e["type"] == "called_back"]
     assert back["payload"]["generation"] == 1 and back["payload"]["with_code"] is True
     assert session["lease_epoch"] == 2  # taken over for the callback
+    responses = [
+        e["payload"]["response_id"] for e in session["events"] if e["type"] == "response_started"
+    ]
+    assert len(responses) == len(set(responses)), responses  # the callback's are g1.r1, ...
     # Reconciled by status after the callback, not sent again: one receipt, one ledger row.
     assert types.index("tool_receipt") > types.index("called_back")
     (receipt,) = [e for e in session["events"] if e["type"] == "tool_receipt"]

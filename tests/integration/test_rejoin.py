@@ -149,6 +149,15 @@ def test_a_caller_sent_back_with_the_handle_rejoins_and_hears_the_payment_outcom
     assert back["terminal_state"] == "completed"
     types = _types(back)
     assert types.count("tool_request_sent") == 1 and types.count("call_answered") == 2
+    # Each dialog numbers its own responses and turns; the session's log holds each id once
+    # (the rejoined dialog's responses are g1.r1, ...; its caller keys nothing, so no turn).
+    for kind, field in (("response_started", "response_id"), ("turn_started", "turn_id")):
+        ids = [e["payload"][field] for e in back["events"] if e["type"] == kind]
+        assert len(ids) == len(set(ids)), (kind, ids)
+    responses = [
+        e["payload"]["response_id"] for e in back["events"] if e["type"] == "response_started"
+    ]
+    assert any(r.startswith("g1.") for r in responses), responses
     (charge,) = provider.charges()
     assert charge["amount_cents"] == 59
     told = [e for e in server.log_events() if e.get("event") == "demo.rejoined"]

@@ -40,6 +40,15 @@ class CallState:
     def session_state(self) -> SessionState | None:
         return self.session.state if self.session else None
 
+    def next_id(self, kind: str, n: int) -> str:
+        """The ``n``-th turn (``t``) or response (``r``) id of this call, unique within its
+        session: a call that rejoined or called back (signaling generation g > 0) numbers its
+        own from 1 again, so its ids carry the generation (``g2.r1``), and the log never holds
+        two responses or turns with one id."""
+        state = self.session_state
+        generation = state.signaling_generation if state is not None else 0
+        return f"{kind}{n}" if generation == 0 else f"g{generation}.{kind}{n}"
+
     def current_turn(self) -> str:
         state = self.session_state
         return state.turn.turn_id if state and state.turn else ""

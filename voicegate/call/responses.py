@@ -104,7 +104,7 @@ class Responses:
     def respond(self) -> ResponseHandle:
         """Open a new response; the open one, if any, is superseded (it plays out)."""
         self._responses += 1
-        response_id = f"r{self._responses}"
+        response_id = self._state.next_id("r", self._responses)
         channel, state = self._state.channel, self._state
         if channel is None or state.phase is not CallPhase.ANSWERED or not self._may_play():
             return ResponseHandle(self, response_id, ended="refused")

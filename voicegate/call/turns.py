@@ -158,7 +158,7 @@ class CallerTurns:
         ):
             self._in_segment = False
             self._turns += 1
-            turn_id = f"t{self._turns}"
+            turn_id = self._state.next_id("t", self._turns)
             if self._steps.try_apply(sev.TurnStarted(turn_id)):
                 self._speech_turn = turn_id
                 await agent.on_speech_started()
@@ -216,7 +216,7 @@ class CallerTurns:
             self._cut.committed = True
         # A key press is a whole caller turn: started and committed at once.
         self._turns += 1
-        turn_id = f"t{self._turns}"
+        turn_id = self._state.next_id("t", self._turns)
         if not self._steps.try_apply(sev.TurnStarted(turn_id)):
             return
         faults = self._services.faults
