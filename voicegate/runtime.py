@@ -400,6 +400,13 @@ class Runtime:
         if reaped:
             self.metrics.sessions_reaped.labels("stale").inc(len(reaped))
             self.metrics.sessions_ended.labels(Terminal.FAILED).inc(len(reaped))
+        await self.expire_parked(now=at)
+        return reaped
+
+    async def expire_parked(self, *, now: float | None = None) -> None:
+        """End the parked sessions whose time is over: on every heartbeat (a cheap listing),
+        so an away or dropped session ends within session.heartbeat_s of its deadline."""
+        me, at = self.owner, now or self._wall()
         # Transferred sessions nobody came back to (session/away.py): completed, not reaped.
         expired = await asyncio.wrap_future(
             self.writer.submit(lambda store: expire_away(store, me=me, now=at))
@@ -413,7 +420,6 @@ class Runtime:
         )
         for terminal_state in lapsed:
             self.metrics.sessions_ended.labels(terminal_state or Terminal.TIMED_OUT).inc()
-        return reaped
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -488,7 +494,8 @@ class Runtime:
         self._store_watch = asyncio.create_task(self._watch_store(), name="store-watch")
 
     async def _keep_house(self) -> None:
-        """Heartbeat the live sessions; now and then, reap sessions whose process is gone."""
+        """Heartbeat the live sessions and end the parked ones whose time is over; now and then,
+        reap sessions whose process is gone."""
         session = self.settings.session
         sweep_every = max(1, int(session.reap_after_s / 4 / session.heartbeat_s))
         beats = 0
@@ -500,6 +507,8 @@ class Runtime:
             if beats % sweep_every == 0:
                 await self.settle_lapsed_drops()
                 await self.reap()
+            else:
+                await self.expire_parked()
 
     def _arm_ticker(self) -> None:
         if self._ticker is None:

@@ -82,6 +82,33 @@ def test_a_blind_transfer_completes_after_the_final_notify_with_the_context_on_t
     assert handoff["unknown"] == []
 
 
+def test_an_away_session_ends_within_a_heartbeat_of_its_time(
+    server_factory: ServerFactory, tmp_path: Path
+) -> None:
+    # docs/transfer.md, "When an away session ends": every worker ends them on its heartbeats.
+    server = server_factory(
+        **ENV, VOICEGATE_SESSION_RESUME_TTL_S="30", VOICEGATE_SESSION_HEARTBEAT_S="1"
+    )
+    sipp = Sipp("uac-transfer-blind.xml", server.sip_target, tmp_path)
+    assert sipp.run() == 0, sipp.errors()
+    session_id = away_session(server)["session_id"]
+
+    def ended() -> list[Any] | None:
+        # Straight from the store: an API read would end it at once (the reaper runs on read).
+        store = server.open_store()
+        try:
+            summary = store.get(session_id)
+            return store.events(session_id) if summary and summary.terminal_state else None
+        finally:
+            store.close()
+
+    events = wait_for(ended, 45, "the away session to end on its own")
+    (finished,) = [e for e in events if e.type == "transfer_finished"]
+    (expired,) = [e for e in events if e.type == "away_expired"]
+    away_until = finished.at + 30.0  # session.resume_ttl_s
+    assert away_until <= expired.at <= away_until + 1.0 + 1.5, (away_until, expired.at)
+
+
 def test_a_declined_refer_from_the_api_gives_the_caller_back_to_the_agent(
     server_factory: ServerFactory, tmp_path: Path
 ) -> None:
