@@ -63,8 +63,6 @@ import itertools
 import math
 import os
 import re
-import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -94,7 +92,7 @@ from tests.integration.harness import (  # noqa: E402
     rtp_range,
     wait_for,
 )
-from tests.integration.rtp_capture import Capture, RtpPacket, read_rtp  # noqa: E402
+from tests.integration.rtp_capture import Capture, RtpPacket  # noqa: E402
 from tests.pg_cluster import PgCluster, running_cluster  # noqa: E402
 from voicegate.pool.front_door import find_executable  # noqa: E402
 from voicegate.pool.kamailio_config import (  # noqa: E402
@@ -319,31 +317,6 @@ def sent_by_port(
     return by_port
 
 
-class WireCapture:
-    """``tcpdump`` on ``interface`` of what ``source`` sends from a UDP port range (the cluster's
-    bridge: each node's packets in a file of their own, as both nodes use the same ports)."""
-
-    def __init__(self, path: Path, interface: str, source: str, rtp: tuple[int, int]) -> None:
-        tcpdump = shutil.which("tcpdump")
-        assert tcpdump, "tcpdump is needed for RTP captures (apt-get install tcpdump)"
-        self.path = path
-        self.process = subprocess.Popen(
-            [tcpdump, "-i", interface, "-U", "-n", "-w", str(path),
-             f"src host {source} and udp portrange {rtp[0]}-{rtp[1]}"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        )  # fmt: skip
-        assert self.process.stderr is not None
-        line = self.process.stderr.readline().decode()
-        assert "listening on" in line, line
-
-    def stop(self) -> list[RtpPacket]:
-        self.process.send_signal(signal.SIGINT)
-        self.process.wait(timeout=10)
-        if self.process.stderr is not None:
-            self.process.stderr.close()
-        return read_rtp(self.path)
-
-
 def interval_figures(by_port: dict[Any, list[float]]) -> tuple[float, float]:
     """p99 of the gaps between each port's consecutive packets (ms), and its mean packets per
     second."""
@@ -478,7 +451,23 @@ def capacity_env(media: BridgeMedia, settings: dict[str, str]) -> dict[str, str]
     }
 
 
-class Pool:
+class WorkerCounts:
+    """What a target derives from its workers' rows (``GET /v1/pool``, one node's or all)."""
+
+    def workers_now(self) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+    def ready(self) -> int:
+        return sum(1 for w in self.workers_now() if w["state"] == "ready")
+
+    def worker_pids(self) -> list[int]:
+        return [int(w["pid"]) for w in self.workers_now() if w["pid"]]
+
+    def restarts(self) -> int:
+        return sum(int(w["restarts"]) for w in self.workers_now())
+
+
+class Pool(WorkerCounts):
     def __init__(
         self, work: Path, workers: int, media: BridgeMedia, settings: dict[str, str]
     ) -> None:
@@ -513,15 +502,6 @@ class Pool:
         status, body = self.server.http("/v1/pool")
         assert status == 200, body
         return list(body["workers"])
-
-    def ready(self) -> int:
-        return sum(1 for w in self.workers_now() if w["state"] == "ready")
-
-    def worker_pids(self) -> list[int]:
-        return [int(w["pid"]) for w in self.workers_now() if w["pid"]]
-
-    def restarts(self) -> int:
-        return sum(int(w["restarts"]) for w in self.workers_now())
 
     def answered(self) -> int:
         # From the supervisor's /metrics (the workers' multiprocess files): a saturated worker
@@ -559,7 +539,7 @@ class Pool:
 _STAT = re.compile(r"^\s*script:(\w+)\s*=\s*(\d+)\s*$", re.M)
 
 
-class Nodes:
+class Nodes(WorkerCounts):
     """The nodes of a cluster (tests/integration/cluster.py) behind its Kamailio, as one target:
     what a step reads of a pool, summed over the nodes."""
 
@@ -592,15 +572,6 @@ class Nodes:
             assert status == 200, body
             found.extend(body["workers"])
         return found
-
-    def ready(self) -> int:
-        return sum(1 for w in self.workers_now() if w["state"] == "ready")
-
-    def worker_pids(self) -> list[int]:
-        return [int(w["pid"]) for w in self.workers_now() if w["pid"]]
-
-    def restarts(self) -> int:
-        return sum(int(w["restarts"]) for w in self.workers_now())
 
     def answered_by_node(self) -> dict[str, int]:
         return {
@@ -661,8 +632,8 @@ class Nodes:
         """As :func:`rtp_interval_p99_ms`, captured on the cluster's bridge, each node apart."""
         stamp = time.monotonic_ns()
         captures = [
-            WireCapture(work / f"rtp-{stamp}-{host.name}.pcap", self.cluster.net.bridge,
-                        host.address, self.rtp)
+            Capture(work / f"rtp-{stamp}-{host.name}.pcap", *self.rtp,
+                    interface=self.cluster.net.bridge, source=host.address)
             for host in self.cluster.hosts.values()
         ]  # fmt: skip
         time.sleep(seconds)

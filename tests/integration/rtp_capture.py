@@ -81,23 +81,26 @@ def read_rtp(path: Path) -> list[RtpPacket]:
 
 
 class Capture:
-    """``tcpdump`` on ``lo`` for UDP in a port range, to a pcap file; stop() flushes it."""
+    """``tcpdump`` on ``interface`` (``lo`` by default) for UDP in a port range, to a pcap file,
+    only what ``source`` sends when it is given; stop() flushes it."""
 
-    def __init__(self, path: Path, port_min: int, port_max: int) -> None:
+    def __init__(
+        self,
+        path: Path,
+        port_min: int,
+        port_max: int,
+        *,
+        interface: str = "lo",
+        source: str | None = None,
+    ) -> None:
         tcpdump = shutil.which("tcpdump")
         assert tcpdump, "tcpdump is needed for RTP captures (apt-get install tcpdump)"
         self.path = path
+        match = f"udp portrange {port_min}-{port_max}"
+        if source is not None:
+            match = f"src host {source} and {match}"
         self.process = subprocess.Popen(
-            [
-                tcpdump,
-                "-i",
-                "lo",
-                "-U",
-                "-n",
-                "-w",
-                str(path),
-                f"udp portrange {port_min}-{port_max}",
-            ],
+            [tcpdump, "-i", interface, "-U", "-n", "-w", str(path), match],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
         )
