@@ -213,6 +213,9 @@ def test_a_busy_target_takes_the_caller_back_to_the_agent_with_an_honest_line(
     assert any(x == {"kind": "say", "prompt": "transfer_failed"} for x in finished[0]["effects"])
     status, call = server.http(f"/v1/calls/{call_id}")
     assert call["live"]["state"] == "answered"  # still with the agent
+    # The agent took the caller back (on_transfer, on_resumed); no notice went astray.
+    strays = [e for e in server.log_events() if e.get("event") == "agent.unknown_notice"]
+    assert strays == [], strays
     assert server.post(f"/v1/calls/{call_id}/hangup") == 202
     assert caller.wait() == 0, caller.errors()
     assert server.metric("voicegate_transfers_total", mode="bridge", outcome="failed") == 1

@@ -150,6 +150,8 @@ def test_a_final_notify_486_gives_the_caller_back_to_the_agent(
     (finished,) = _events(session, "transfer_finished")
     assert (finished["payload"]["ok"], finished["payload"]["status"]) == (False, 486)
     assert "transfer_failed" in _said(session)
+    strays = [e for e in server.log_events() if e.get("event") == "agent.unknown_notice"]
+    assert strays == [], strays  # the agent took the caller back as told, no notice astray
     assert server.metric("voicegate_transfers_total", mode="blind", outcome="failed") == 1
     assert server.metric("voicegate_transfer_notifies_total", status_class="4xx", final="true") == 1
 

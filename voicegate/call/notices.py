@@ -88,6 +88,10 @@ class AgentNotices:
                 await agent.on_response_interrupted(int(heard) if heard.isdigit() else 0)
             case "stop":
                 await agent.on_stop()
+            case "transfer_failed":
+                # Nobody was reached and the caller is back: the agent was told both already,
+                # as on_transfer(update) with the outcome and on_resumed("transfer").
+                pass
             case _:
                 log.warning(
                     "agent.unknown_notice",
