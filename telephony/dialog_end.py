@@ -12,7 +12,9 @@ INVITE session terminated locally (``pjsip_inv_terminate``), which frees the slo
 answers its BYE within that time never gets here.
 
 pjsua2 exposes neither function; both are exported by the same shared object as its bindings and
-take only pointers, ints and ``pj_str_t``, so ctypes reaches them without any struct layout.
+take only pointers, ints and ``pj_str_t``, so ctypes reaches them. One field is read, the INVITE
+session's state: a session already DISCONNECTED had its BYE answered, and a dialog that is still
+there then (a blind transfer's REFER subscription keeps it) is not ended locally or counted.
 """
 
 from __future__ import annotations
@@ -23,6 +25,17 @@ from dataclasses import dataclass
 # The BYE has been sent 4 times by then (T1 = 0.5 s, doubling): a live peer has answered.
 FORCE_AFTER_S = 4.0
 _REQUEST_TIMEOUT = 408
+# The one field read from a PJSIP struct: pjsip_inv_session's ``state`` follows
+# ``char obj_name[PJ_MAX_OBJ_NAME]`` (32) and three pool pointers (pjsip-ua/sip_inv.h, 2.15).
+_INV_STATE_OFFSET = 32 + 3 * ctypes.sizeof(ctypes.c_void_p)
+_INV_DISCONNECTED = 6  # PJSIP_INV_STATE_DISCONNECTED; NULL..DISCONNECTED are 0..6
+
+
+def _inv_state(inv: int) -> int:
+    """The INVITE session's state, or -1 if what is read there is no state (another layout):
+    then the session is ended locally as before."""
+    value = ctypes.c_int.from_address(inv + _INV_STATE_OFFSET).value
+    return value if 0 <= value <= _INV_DISCONNECTED else -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,8 +79,10 @@ class DialogTerminator:
 
         return cls(pj._pjsua2.__file__)
 
-    def terminate(self, key: DialogKey) -> bool:
-        """True if the dialog was still there and its INVITE session is now ended."""
+    def terminate(self, key: DialogKey) -> str:
+        """``ended`` if the dialog was still there, its BYE unanswered, and its INVITE session is
+        now ended; ``gone`` if the dialog is no more; ``answered`` if its session had ended (the
+        BYE was answered) and something else keeps the dialog."""
         call_id, local, remote = (_pj_str(v) for v in (key.call_id, key.local_tag, key.remote_tag))
         # lock=1: the dialog comes back locked, so it cannot be destroyed under us; ending the
         # session may destroy it when the lock is released.
@@ -75,11 +90,18 @@ class DialogTerminator:
             ctypes.byref(call_id), ctypes.byref(local), ctypes.byref(remote), 1
         )
         if not dlg:
-            return False
+            return "gone"
         try:
             inv = self._lib.pjsip_dlg_get_inv_session(dlg)
+            if not inv:
+                return "gone"
+            if _inv_state(inv) == _INV_DISCONNECTED:
+                # Its BYE was answered: what keeps the dialog is another usage, such as the
+                # subscription of a blind transfer's REFER, not an unanswered BYE.
+                return "answered"
             # notify=1: pjsua hears of the end and frees the slot (it told the app long ago).
-            return bool(inv) and self._lib.pjsip_inv_terminate(inv, _REQUEST_TIMEOUT, 1) == 0
+            ended = self._lib.pjsip_inv_terminate(inv, _REQUEST_TIMEOUT, 1) == 0
+            return "ended" if ended else "gone"
         finally:
             self._lib.pjsip_dlg_dec_lock(dlg)
 

@@ -413,8 +413,11 @@ class SipEndpoint:
         if not self._lingering or self._terminator is None:
             return
         for key in self._lingering.due(now):
-            if self._terminator.terminate(key):
-                self.post(ev.DialogEndedLocally())
+            match self._terminator.terminate(key):
+                case "ended":
+                    self.post(ev.DialogEndedLocally())
+                case "answered":
+                    self.post(ev.DialogLingers(key.call_id))
 
     def _end_half_open(self, now: float) -> None:
         """Calls whose ACK is overdue: hung up with a BYE, their slot freed."""

@@ -169,6 +169,14 @@ class DialogEndedLocally:
 
 
 @dataclass(frozen=True, slots=True)
+class DialogLingers:
+    """A dialog we hung up whose BYE was answered is still there (a blind transfer's REFER
+    subscription keeps it until its last NOTIFY): nothing to end, nothing counted."""
+
+    sip_call_id: str
+
+
+@dataclass(frozen=True, slots=True)
 class CallEnded:
     """The dialog is gone. ``by`` is ``caller`` or ``server``; ``answered`` whether it ever was."""
 
@@ -215,6 +223,7 @@ SipEvent = (
     | DialogProbed
     | AckTimedOut
     | DialogEndedLocally
+    | DialogLingers
     | CallEnded
 )
 

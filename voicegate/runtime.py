@@ -584,6 +584,14 @@ class Runtime:
             case ev.DialogEndedLocally():
                 self.metrics.dialogs_ended_locally.inc()
                 log.info("sip.dialog_ended_locally", extra={"why": "nobody answered its BYE"})
+            case ev.DialogLingers(sip_call_id=sip_call_id):
+                log.debug(
+                    "sip.dialog_lingers",
+                    extra={
+                        "sip_call_id": sip_call_id,
+                        "why": "its BYE was answered; a subscription (a REFER's) keeps it",
+                    },
+                )
             case ev.AckTimedOut(call_id=call_id, after_s=after_s):
                 self.metrics.calls_half_open.inc()
                 log.warning("call.no_ack", extra={"call_id": call_id, "after_s": after_s})

@@ -80,6 +80,16 @@ def test_a_blind_transfer_completes_after_the_final_notify_with_the_context_on_t
     assert handoff["away_until"] == finished["at"] + 600.0  # session.resume_ttl_s
     assert handoff["transfer"] == {"target": CC, "last_status": 200}
     assert handoff["unknown"] == []
+    # Our BYE was answered; the REFER's subscription keeps the dialog a while. It is looked at
+    # again (telephony/dialog_end.py) and left be: not ended locally, not counted as unanswered.
+    lingered = wait_for(
+        lambda: [e for e in server.log_events() if e.get("event") == "sip.dialog_lingers"],
+        15,
+        "the dialog looked at again after our answered BYE",
+    )
+    assert "BYE was answered" in lingered[0]["why"]
+    assert server.metric("voicegate_dialogs_ended_locally_total") == 0
+    assert not [e for e in server.log_events() if e.get("event") == "sip.dialog_ended_locally"]
 
 
 def test_an_away_session_ends_within_a_heartbeat_of_its_time(
