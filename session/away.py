@@ -46,7 +46,7 @@ def may_go_away(state: SessionState) -> bool:
 def go_away(state: SessionState, now: float, out: fx.Effects) -> SessionState:
     """The caller is with the target: hang up our leg (session.ending.leave_line, no prompt: the
     caller is talking to someone else), keep the session open, frozen, until the handle expires.
-    The transfer's recovery ends (canceled: nothing of ours is recovered now)."""
+    The transfer's phase has ended already (session.transfer)."""
     state = ending.leave_line(
         state,
         now,
@@ -111,6 +111,6 @@ def on_resume_reused(state: SessionState, event: ev.ResumeReused, now: float) ->
     state = set_gate(state, Gate.FROZEN, now, out)
     if state.signaling in (Signaling.AWAY, Signaling.DROPPED):
         return state, out  # reconciled when the caller returns (on_call_rejoined, callback)
-    if state.recovery is not None:
-        return state, out  # the running recovery reconciles when it ends
+    if state.recovery is not None or state.transfer is not None:
+        return state, out  # reconciled when the recovery ends, or the caller is back from it
     return reconcile(state, now, out), out

@@ -2,16 +2,17 @@
 conference bridge carries the caller's audio to the target and back) until one side hangs up.
 Also the one step an attended transfer adds to a blind one: its consult leg answered.
 
-Sans-IO, the handlers :mod:`session.machine`'s table names for the bridge's events. A bridge is a
-transfer (``transfer_started`` with mode ``bridge``, or a blind one that ``transfer_fell_back``
+Sans-IO, the handlers :mod:`session.machine`'s table names for the bridge's events (a refused
+REFER falling back to a bridge, and the consult leg's answer, are session.transfer's). A bridge is
+a transfer (``transfer_started`` with mode ``bridge``, or a blind one that ``transfer_fell_back``
 after its REFER was refused): the gate freezes, the response is cut, and the transfer's guard
 runs, as for a blind transfer. Then:
 
-- ``bridge_up`` (the target answered, media connected): signaling ``bridged``; the recovery ends
-  (the caller is with a person now, not waiting for us) and every deadline but max duration is
-  dropped (the guard, no-input's ladder). The gate stays frozen: no turns, responses or tools
-  while people talk, and the agent's link dropping or the agent failing ends nothing: its part
-  is over.
+- ``bridge_up`` (the target answered, media connected): signaling ``bridged``; the transfer
+  phase ends ``completed`` (the caller is with a person now, not waiting for us) and every
+  deadline but max duration is dropped (the guard, no-input's ladder). The gate stays frozen:
+  no turns, responses or tools while people talk, and the agent's link dropping or the agent
+  failing ends nothing: its part is over.
 - ``bridge_ended``: whoever hung up, the session ends ``completed``, reason "bridged: the caller
   hung up" or "bridged: the target hung up" (``needs_human`` at stage ``transfer`` with a tool
   outcome still unknown, as for a blind transfer); the side still there gets our BYE.
@@ -29,42 +30,24 @@ from session import ending
 from session import events as ev
 from session.deadlines import KEPT_WHEN_BRIDGED, drop
 from session.errors import IllegalTransition
-from session.recovery import finished, stale_generation
 from session.state import SessionState, Signaling
-from session.vocabulary import EndingStage, RecoveryOutcome, Terminal
+from session.transfer_phase import end_phase, stale
+from session.vocabulary import EndingStage, Terminal, TransferOutcome
 
 Result = tuple[SessionState, fx.Effects]
 
 BRIDGE_ENDERS = ("caller", "target")
-TRANSFER_MODES = ("blind", "bridge", "attended")  # what transfer_started may name
-
-
-def on_transfer_fell_back(state: SessionState, event: ev.TransferFellBack, now: float) -> Result:
-    """The REFER was refused: the transfer stays under way (same guard), now as a bridge."""
-    if why := stale_generation(state, event.generation):
-        return state, [fx.StaleEventIgnored(event.type, why)]
-    return replace(state, transfer_status=event.status), []
-
-
-def on_consult_answered(state: SessionState, event: ev.ConsultAnswered, now: float) -> Result:
-    """An attended transfer's consult leg answered: recorded, the REFER with Replaces follows
-    (RFC 5589 section 7); the transfer stays under way until its final NOTIFY."""
-    if why := stale_generation(state, event.generation):
-        return state, [fx.StaleEventIgnored(event.type, why)]
-    return state, []
 
 
 def on_bridge_up(state: SessionState, event: ev.BridgeUp, now: float) -> Result:
-    if why := stale_generation(state, event.generation):
+    if why := stale(state, event.generation):
         return state, [fx.StaleEventIgnored(event.type, why)]
     out: fx.Effects = []
-    recovery = state.recovery
-    assert recovery is not None  # a transfer always runs under its recovery
-    out.append(finished(recovery, RecoveryOutcome.CANCELED, now))
-    # The recovery's timers, and no-input's ladder: its "still there?" would reach nobody (our
+    state = end_phase(state, TransferOutcome.COMPLETED, now, out)
+    # The rest of the timers, and no-input's ladder: its "still there?" would reach nobody (our
     # media port is off the caller) and its end would hang up on two people talking.
     dropped = tuple(name for name in sorted(state.deadlines) if name not in KEPT_WHEN_BRIDGED)
-    state = drop(replace(state, recovery=None), dropped, out)
+    state = drop(state, dropped, out)
     return replace(state, signaling=Signaling.BRIDGED, transfer_status=200), out
 
 

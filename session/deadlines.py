@@ -24,12 +24,12 @@ class Timer(enum.StrEnum):
     MAX_DURATION = "max_duration"
     NO_INPUT = "no_input"  # seed 004's ladder: ask once ...
     NO_INPUT_FINAL = "no_input_final"  # ... then end honestly
-    TRANSFER = "transfer_notify"  # our guard on a blind transfer's final NOTIFY
+    TRANSFER = "transfer_notify"  # the transfer's guard: its outcome by then, or the caller back
     RING = "ring"  # an outbound leg rings this long at most (session.legs)
 
 
 # The recovery's own deadlines, dropped together when it ends.
-RECOVERY_TIMERS = (Timer.RECOVERY, Timer.HONESTY, Timer.RETRY, Timer.TRANSFER)
+RECOVERY_TIMERS = (Timer.RECOVERY, Timer.HONESTY, Timer.RETRY)
 
 # What still bounds a bridged call: people talk through us, so nothing may ask them "still
 # there?" or hang up on their silence (our media port is off the caller); only the call's cost.

@@ -73,7 +73,7 @@ class StartRecovery(Effect):
 @dataclass(frozen=True, slots=True)
 class AttemptRecovery(Effect):
     """The recovery's attempt ``attempt``: for a media gap, an in-dialog OPTIONS whose answer comes
-    back as ``RecoveryProbed`` (a re-INVITE or a transfer answers for itself)."""
+    back as ``RecoveryProbed`` (a re-INVITE answers for itself)."""
 
     kind: ClassVar[str] = "attempt_recovery"
     generation: int
@@ -88,6 +88,20 @@ class RecoveryFinished(Effect):
     kind: ClassVar[str] = "recovery_finished"
     generation: int
     interruptions: tuple[str, ...]
+    outcome: str
+    duration_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class TransferEnded(Effect):
+    """The transfer phase of ``generation`` (session.transfer) is over after ``duration_s``:
+    the caller is with the target, back with the agent, or gone. ``outcome``: a
+    :class:`~session.vocabulary.TransferOutcome`. Not a recovery: counted in
+    ``voicegate_transfer_duration_seconds``, never in the recovery metrics."""
+
+    kind: ClassVar[str] = "transfer_ended"
+    generation: int
+    mode: str
     outcome: str
     duration_s: float
 
@@ -225,6 +239,7 @@ AnyEffect = (
     | StartRecovery
     | AttemptRecovery
     | RecoveryFinished
+    | TransferEnded
     | ScheduleTimer
     | CancelTimer
     | Reconcile

@@ -19,7 +19,8 @@ from session.gate import set_gate
 from session.playback import cut_playback
 from session.recovery import finished, in_flight
 from session.state import AgentLink, Ending, Gate, Media, SessionState, Signaling
-from session.vocabulary import EndingStage, RecoveryOutcome, Terminal
+from session.transfer_phase import end_phase
+from session.vocabulary import EndingStage, RecoveryOutcome, Terminal, TransferOutcome
 
 # How an ending reports a recovery it cut short; any other ending cancels it.
 _RECOVERY_ENDED_BY = {
@@ -64,6 +65,9 @@ def leave_line(
         out.append(fx.PersistOutstanding(state.outstanding_keys()))
     if state.recovery is not None:
         out.append(finished(state.recovery, recovery_outcome, now))
+    # A transfer still under way ends with the session; a transfer's own endings (the caller
+    # with the target, or gone) have ended its phase with their outcome already.
+    state = end_phase(state, TransferOutcome.ENDED, now, out)
     if say is not None:
         out.append(fx.Say(say))
     state = drop_all(state, out)

@@ -4,8 +4,9 @@ Events are what the runtime feeds the state machine (``session.machine``) and wh
 in a session's log; :func:`event_from_dict` reads them back for replay. An event's ``type`` is its
 stable name in the log: renaming one breaks old logs, so add new names instead.
 
-Events that end a recovery, or fire a timer, carry the ``generation`` they belong to: only the
-current generation may move the session (seed 001, "Retry within a deadline and an ownership
+Events that end a recovery or a transfer, or fire a timer, carry the ``generation`` they belong
+to (a transfer takes its number from the same counter, session.transfer): only the current
+generation may move the session (seed 001, "Retry within a deadline and an ownership
 boundary"); the machine ignores and counts the rest.
 """
 
@@ -88,7 +89,9 @@ class ReinviteFinished(Event):
 
 @dataclass(frozen=True, slots=True)
 class TransferStarted(Event):
-    """``mode``: ``blind`` (REFER), ``bridge`` (we call the target and stay in the media path,
+    """A transfer begins, its own phase (session.transfer), not a recovery: the gate freezes
+    for the reason ``transfer``, the response is cut, the guard ``transfer_notify`` is armed.
+    ``mode``: ``blind`` (REFER), ``bridge`` (we call the target and stay in the media path,
     session.bridge) or ``attended`` (a consult leg first, then REFER with Replaces); logs from
     before modes existed are blind."""
 
@@ -143,7 +146,9 @@ class TransferProgress(Event):
 
 @dataclass(frozen=True, slots=True)
 class TransferFinished(Event):
-    """``ok``: the caller now talks to the target, and this session's part is done."""
+    """The transfer's outcome. ``ok``: the caller now talks to the target, and this session's
+    part is done (away, or ended); else the caller is back with the agent, told honestly, and
+    what broke meanwhile is recovered from then on. ``generation``: the transfer's."""
 
     type: ClassVar[str] = "transfer_finished"
     generation: int = 0

@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
-from session import away, bridge, callback, ending, ledger, legs
+from session import away, bridge, callback, ending, ledger, legs, transfer
 from session import effects as fx
 from session import events as ev
 from session.deadlines import Timer, arm, arm_no_input, drop, drop_all, forget
@@ -62,6 +62,8 @@ from session.state import (
     Terminal,
     Turn,
 )
+from session.transfer_phase import end_phase
+from session.transfer_phase import stale as stale_transfer
 from session.vocabulary import (
     INTENT_KINDS,
     RECEIPT_OUTCOMES,
@@ -72,6 +74,7 @@ from session.vocabulary import (
     Interruption,
     Outcome,
     RecoveryOutcome,
+    TransferOutcome,
 )
 
 Effects = fx.Effects
@@ -124,85 +127,6 @@ def _on_reinvite_finished(state: SessionState, event: ev.ReinviteFinished, now: 
     return recovered(state, Interruption.REINVITE, now, out), out
 
 
-def _on_transfer_started(state: SessionState, event: ev.TransferStarted, now: float) -> Result:
-    if state.recovery is not None:
-        # The REFER would go out on a dialog whose media or agent is still being recovered; the
-        # caller could not be taken back honestly if it failed. Recover first.
-        raise IllegalTransition(state, event, "the call is recovering")
-    if event.mode not in bridge.TRANSFER_MODES:
-        raise IllegalTransition(state, event, f"no transfer mode {event.mode!r}")
-    out: Effects = []
-    policy = state.policy
-    state = replace(
-        state,
-        signaling=Signaling.TRANSFERRING,
-        transfer_target=event.target,
-        transfer_status=0,
-    )
-    # RFC 5589 section 6: the caller's side calls the target; the outcome comes in NOTIFYs. The
-    # transfer's recovery outlives its NOTIFY guard, so the guard decides (the caller goes back
-    # to the agent) and not the recovery's deadline; and the caller is not told "reconnecting".
-    state = interrupt(
-        state,
-        Interruption.TRANSFER,
-        now,
-        out,
-        timeout_s=max(policy.recovery_timeout_s, policy.transfer_timeout_s + 5.0),
-        honesty=False,
-    )
-    assert state.recovery is not None
-    state = arm(
-        state, Timer.TRANSFER, now + policy.transfer_timeout_s, state.recovery.generation, out
-    )
-    if event.mode == "attended":
-        # RFC 5589 section 7: the caller waits while we consult the target; told so, honestly.
-        out.append(fx.Say("transfer_consulting"))
-    return state, out
-
-
-def _on_transfer_progress(state: SessionState, event: ev.TransferProgress, now: float) -> Result:
-    return replace(state, transfer_status=event.status), []
-
-
-def _transfer_failed(state: SessionState, status: int, now: float, out: Effects) -> SessionState:
-    """RFC 5589 section 6.1 (failed transfer): the caller stays with us and the agent, and is
-    told honestly that nobody could be reached."""
-    state = replace(state, signaling=Signaling.UP, transfer_status=status)
-    state = recovered(state, Interruption.TRANSFER, now, out)
-    out.append(fx.Say("transfer_failed"))
-    out.append(fx.NotifyAgent("transfer_failed", str(status)))
-    return state
-
-
-def _on_transfer_finished(state: SessionState, event: ev.TransferFinished, now: float) -> Result:
-    if why := stale_generation(state, event.generation):
-        return state, _ignored(event, why)
-    out: Effects = []
-    if event.ok:
-        # The caller is with the target now: this session's part ends, honestly, and our BYE
-        # goes only now, after the final 2xx NOTIFY (RFC 5589 section 6). No prompt: the caller
-        # is talking to someone else.
-        state = replace(state, transfer_status=event.status or 200)
-        if away.may_go_away(state):
-            # Not the end yet: the caller may come back with the session's handle (session.away).
-            return away.go_away(state, now, out), out
-        if state.outstanding:
-            reason = f"transferred with {ending.unknown_outcomes(state)}"
-            return ending.terminate(
-                state,
-                Terminal.NEEDS_HUMAN,
-                reason,
-                EndingStage.TRANSFER,
-                now,
-                out,
-                caller_present=True,
-            ), out
-        return ending.terminate(
-            state, Terminal.COMPLETED, "transferred", None, now, out, caller_present=True
-        ), out
-    return _transfer_failed(state, event.status, now, out), out
-
-
 def _on_caller_hangup(state: SessionState, event: ev.CallerHangup, now: float) -> Result:
     out: Effects = []
     # Seed 001: leaving invalidates recovery at once (RecoveryFinished: canceled, timers cancelled).
@@ -222,6 +146,7 @@ def _on_caller_hangup(state: SessionState, event: ev.CallerHangup, now: float) -
         terminal, reason, stage = Terminal.CANCELED, "caller hung up during recovery", None
     else:
         terminal, reason, stage = Terminal.COMPLETED, "caller hung up", None
+    state = end_phase(state, TransferOutcome.CALLER_LEFT, now, out)
     return ending.terminate(state, terminal, reason, stage, now, out, caller_present=False), out
 
 
@@ -268,17 +193,17 @@ def _on_media_lost(state: SessionState, event: ev.MediaLost, now: float) -> Resu
         raise IllegalTransition(state, event, "media is not flowing")
     out: Effects = []
     state = replace(state, media=Media.INTERRUPTED, media_since=now)
-    return interrupt(state, Interruption.MEDIA, now, out), out
+    return _interrupted(state, Interruption.MEDIA, now, out), out
 
 
 def _on_media_restored(state: SessionState, event: ev.MediaRestored, now: float) -> Result:
     if state.media is not Media.INTERRUPTED:
         return state, _ignored(event, "media is not interrupted")
-    if why := stale_generation(state, event.generation):
+    if why := _stale_restore(state, event.generation):
         return state, _ignored(event, why)
     out: Effects = []
     state = replace(state, media=Media.FLOWING, media_since=now)
-    return recovered(state, Interruption.MEDIA, now, out), out
+    return _restored(state, Interruption.MEDIA, now, out), out
 
 
 def _on_agent_link_lost(state: SessionState, event: ev.AgentLinkLost, now: float) -> Result:
@@ -286,17 +211,39 @@ def _on_agent_link_lost(state: SessionState, event: ev.AgentLinkLost, now: float
         raise IllegalTransition(state, event, "the agent link is not connected")
     out: Effects = []
     state = replace(state, agent_link=AgentLink.LOST)
-    return interrupt(state, Interruption.AGENT_LINK, now, out), out
+    return _interrupted(state, Interruption.AGENT_LINK, now, out), out
 
 
 def _on_agent_link_restored(state: SessionState, event: ev.AgentLinkRestored, now: float) -> Result:
     if state.agent_link is not AgentLink.LOST:
         return state, _ignored(event, "the agent link is not lost")
-    if why := stale_generation(state, event.generation):
+    if why := _stale_restore(state, event.generation):
         return state, _ignored(event, why)
     out: Effects = []
     state = replace(state, agent_link=AgentLink.CONNECTED)
-    return recovered(state, Interruption.AGENT_LINK, now, out), out
+    return _restored(state, Interruption.AGENT_LINK, now, out), out
+
+
+def _interrupted(
+    state: SessionState, kind: Interruption, now: float, out: Effects
+) -> SessionState:
+    """A dimension broke. During a transfer it is only recorded: the session is halted already
+    and the caller is being handed over, so there is nothing to recover unless the transfer
+    fails (session.transfer.back_to_agent recovers it then)."""
+    if state.transfer is not None:
+        return state
+    return interrupt(state, kind, now, out)
+
+
+def _restored(state: SessionState, kind: Interruption, now: float, out: Effects) -> SessionState:
+    return state if state.transfer is not None else recovered(state, kind, now, out)
+
+
+def _stale_restore(state: SessionState, generation: int) -> str | None:
+    """A restoring event names the recovery it ends, or the transfer it came back during."""
+    if state.recovery is None and state.transfer is not None:
+        return stale_transfer(state, generation)
+    return stale_generation(state, generation)
 
 
 def _on_agent_link_failed(state: SessionState, event: ev.AgentLinkFailed, now: float) -> Result:
@@ -537,11 +484,9 @@ def _on_deadline_fired(state: SessionState, event: ev.DeadlineFired, now: float)
             return state, _ignored(event, "the leg is no longer ringing")
         return legs.on_ring_timeout(state, now, out), out
     if event.name == Timer.TRANSFER:
-        # No final NOTIFY in time: we stop waiting (seed 001: a deadline) and take the caller
-        # back; a NOTIFY that still comes is stale.
         if state.signaling is not Signaling.TRANSFERRING:
             return state, _ignored(event, "no transfer is in progress")
-        return _transfer_failed(state, 408, now, out), out
+        return transfer.on_guard_fired(state, now, out), out
     if event.name == Timer.HONESTY:
         # Seed 004's ladder: past about two seconds of trouble, say so (once).
         if caller_present:
@@ -564,8 +509,10 @@ def _on_deadline_fired(state: SessionState, event: ev.DeadlineFired, now: float)
             say=say,
         ), out
     if event.name == Timer.NO_INPUT:
-        if state.recovery is not None or (state.turn is not None and not state.turn.committed):
-            # Nothing to answer while the line is down, or while the caller is still talking.
+        busy = state.recovery is not None or state.transfer is not None
+        if busy or (state.turn is not None and not state.turn.committed):
+            # Nothing to ask while the line is down or the caller is being transferred, or
+            # while the caller is still talking.
             return arm_no_input(state, now, out), out
         # Seed 004's ladder: ask once, then end honestly.
         out.append(fx.Say("still_there"))
@@ -598,6 +545,8 @@ def _on_deadline_fired(state: SessionState, event: ev.DeadlineFired, now: float)
 
 
 def _on_recovery_retry_due(state: SessionState, event: ev.RecoveryRetryDue, now: float) -> Result:
+    if _of_the_transfer(state, event.generation):
+        return state, []
     if why := stale_generation(state, event.generation):
         return state, _ignored(event, why)
     recovery = state.recovery
@@ -618,7 +567,16 @@ def _on_recovery_retry_due(state: SessionState, event: ev.RecoveryRetryDue, now:
     return schedule_retry(state, recovery, recovery.attempt, now, out), out
 
 
+def _of_the_transfer(state: SessionState, generation: int) -> bool:
+    """Logs from when a transfer ran as a recovery hold its retries (and their probes' answers),
+    logged as events that moved the session: they fold as steps that change nothing, so the
+    log's seq and the state's version stay one."""
+    return state.transfer is not None and stale_transfer(state, generation) is None
+
+
 def _on_recovery_probed(state: SessionState, event: ev.RecoveryProbed, now: float) -> Result:
+    if _of_the_transfer(state, event.generation):
+        return state, []
     if why := stale_generation(state, event.generation):
         return state, _ignored(event, why)
     recovery = state.recovery
@@ -673,6 +631,7 @@ def _on_owner_lost(state: SessionState, event: ev.OwnerLost, now: float) -> Resu
     if state.recovery is not None:
         out.append(finished(state.recovery, RecoveryOutcome.FAILED, now))
     state = drop_all(state, out)
+    state = end_phase(state, TransferOutcome.ENDED, now, out)
     state = replace(
         state,
         recovery=None,
@@ -772,15 +731,15 @@ TRANSITIONS: Mapping[type[ev.Event], Rule[Any]] = {rule.event: rule for rule in 
          Refuse("a re-INVITE needs an established dialog")),
     Rule(ev.ReinviteFinished, REINVITE_PENDING, _on_reinvite_finished,
          Ignore("no re-INVITE is pending")),
-    Rule(ev.TransferStarted, DIALOG_UP, _on_transfer_started,
+    Rule(ev.TransferStarted, DIALOG_UP, transfer.on_transfer_started,
          Refuse("a transfer needs an established dialog")),
-    Rule(ev.TransferProgress, TRANSFERRING, _on_transfer_progress,
+    Rule(ev.TransferProgress, TRANSFERRING, transfer.on_transfer_progress,
          Refuse("no transfer is in progress")),
-    Rule(ev.TransferFinished, TRANSFERRING, _on_transfer_finished,
+    Rule(ev.TransferFinished, TRANSFERRING, transfer.on_transfer_finished,
          Ignore("no transfer is in progress")),
-    Rule(ev.TransferFellBack, TRANSFERRING, bridge.on_transfer_fell_back,
+    Rule(ev.TransferFellBack, TRANSFERRING, transfer.on_transfer_fell_back,
          Ignore("no transfer is in progress")),
-    Rule(ev.ConsultAnswered, TRANSFERRING, bridge.on_consult_answered,
+    Rule(ev.ConsultAnswered, TRANSFERRING, transfer.on_consult_answered,
          Ignore("no transfer is in progress")),
     Rule(ev.BridgeUp, TRANSFERRING, bridge.on_bridge_up, Ignore("no transfer is in progress")),
     Rule(ev.BridgeEnded, BRIDGED, bridge.on_bridge_ended, Refuse("no bridge is up")),

@@ -1,11 +1,13 @@
 """The one recovery that owns an interrupted session (seed 001, "Retry within a deadline and an
 ownership boundary").
 
-An interruption (media gap, re-INVITE, transfer, agent-link loss) freezes the gate, cuts playback
-and starts a recovery with a new generation, a shared deadline and a bounded, jittered retry
-schedule; a second interruption joins the running one. Only events of the current generation may
-move the session; the machine ignores and counts the rest. When the last interruption is over the
-recovery finishes and the gate goes to reconciliation, never straight to open (seed 000).
+An interruption (media gap, re-INVITE, agent-link loss) freezes the gate, cuts playback and
+starts a recovery with a new generation, a shared deadline and a bounded, jittered retry
+schedule; a second interruption joins the running one. A transfer halts the same way
+(:func:`halt`) but is its own phase, not a recovery (session.transfer). Only events of the
+current generation may move the session; the machine ignores and counts the rest. When the last
+interruption is over the recovery finishes and the gate goes to reconciliation, never straight
+to open (seed 000).
 """
 
 from __future__ import annotations
@@ -43,30 +45,38 @@ def stale_generation(state: SessionState, generation: int) -> str | None:
     return None
 
 
+def current_generation(state: SessionState) -> int:
+    """The generation a dimension's restoring event names: the running recovery's, else the
+    transfer's (a media gap or a link loss during a transfer is recorded, not recovered), else 0."""
+    if state.recovery is not None:
+        return state.recovery.generation
+    return state.transfer.generation if state.transfer is not None else 0
+
+
 def in_flight(state: SessionState) -> tuple[str, ...]:
     """Keys of the tool requests on the wire: abandoned (never resent) when the session is cut."""
     return tuple(o.key for o in state.outstanding if o.stage is IntentStage.SENT)
 
 
-def interrupt(
-    state: SessionState,
-    kind: Interruption,
-    now: float,
-    out: fx.Effects,
-    *,
-    timeout_s: float | None = None,
-    honesty: bool = True,
-) -> SessionState:
-    """Any interruption: freeze, cut playback, and start (or join) the one recovery.
-
-    A recovery it starts has ``timeout_s`` (default: the policy's ``recovery_timeout_s``) and,
-    with ``honesty``, says "one moment, I am reconnecting" past ``honesty_after_s``.
-    """
+def halt(state: SessionState, now: float, out: fx.Effects) -> SessionState:
+    """Seed 000, "On disconnect, first freeze new side effects, cancel/isolate the old
+    response": cut playback, freeze the gate and abandon the tool requests on the wire (never
+    resent: their intents stay for reconciliation). An interruption and a transfer begin so."""
     state = cut_playback(state, out)
     if state.gate is not Gate.CLOSED:
         state = set_gate(state, Gate.FROZEN, now, out)
     if keys := in_flight(state):
         out.append(fx.CancelToolCalls(keys))
+    return state
+
+
+def interrupt(
+    state: SessionState, kind: Interruption, now: float, out: fx.Effects
+) -> SessionState:
+    """Any interruption: halt, and start (or join) the one recovery. A recovery it starts has
+    the policy's ``recovery_timeout_s`` and says "one moment, I am reconnecting" past
+    ``honesty_after_s``."""
+    state = halt(state, now, out)
     recovery = state.recovery
     if recovery is not None:
         if kind not in recovery.interruptions:
@@ -74,14 +84,12 @@ def interrupt(
         return replace(state, recovery=recovery)
     generation = state.recovery_generation + 1
     policy = state.policy
-    timeout = policy.recovery_timeout_s if timeout_s is None else timeout_s
-    recovery = Recovery(generation, (kind,), now, now + timeout)
+    recovery = Recovery(generation, (kind,), now, now + policy.recovery_timeout_s)
     out.append(fx.StartRecovery(generation, kind, recovery.deadline))
     out.append(fx.NotifyAgent("interrupted", kind))
     state = replace(state, recovery=recovery, recovery_generation=generation)
     state = arm(state, Timer.RECOVERY, recovery.deadline, generation, out)
-    if honesty:
-        state = arm(state, Timer.HONESTY, now + policy.honesty_after_s, generation, out)
+    state = arm(state, Timer.HONESTY, now + policy.honesty_after_s, generation, out)
     return schedule_retry(state, recovery, 0, now, out)
 
 

@@ -23,6 +23,7 @@ from session.vocabulary import (
     IntentStage,
     Interruption,
     Terminal,
+    TransferStage,
 )
 
 
@@ -85,6 +86,7 @@ __all__ = [
     "SessionState",
     "Signaling",
     "Terminal",
+    "Transfer",
     "Turn",
 ]
 
@@ -169,6 +171,18 @@ class Recovery:
 
 
 @dataclass(frozen=True, slots=True)
+class Transfer:
+    """The transfer under way (session.transfer): its own phase, not a recovery. ``generation``
+    is drawn from the counter recoveries use, so the events of a transfer carry a number no
+    recovery of the session ever had, as they did when a transfer ran as one."""
+
+    generation: int
+    mode: str  # blind, bridge (also a blind one fallen back) or attended
+    started_at: float
+    stage: TransferStage
+
+
+@dataclass(frozen=True, slots=True)
 class Turn:
     turn_id: str
     committed: bool = False
@@ -214,7 +228,9 @@ class SessionState:
     response: Response | None = None
     playback_generation: int = 0
     recovery: Recovery | None = None
+    # The last generation a recovery or a transfer took (events name theirs by it).
     recovery_generation: int = 0
+    transfer: Transfer | None = None
     outstanding: tuple[Outstanding, ...] = ()
     approvals: tuple[str, ...] = ()
     deadlines: Mapping[str, Deadline] = field(default_factory=dict)
@@ -255,6 +271,15 @@ class SessionState:
             return (Terminal.TIMED_OUT.value, Terminal.FAILED.value, Terminal.NEEDS_HUMAN.value)
         return TERMINAL_STATES
 
+    def transfer_summary(self) -> str:
+        """``transferring (attended, consulting)``: what a desk's screen shows (never
+        "recovering": a transfer is not a fault); "" without a transfer under way."""
+        transfer = self.transfer
+        if transfer is None:
+            return ""
+        what = ", ".join(part for part in (transfer.mode, transfer.stage.value) if part)
+        return f"transferring ({what})" if what else "transferring"
+
     def status(self) -> str:
         """One line for people: every dimension, never one ``connected`` flag."""
         if self.ended is not None:
@@ -271,6 +296,8 @@ class SessionState:
                 f"recovering {'+'.join(self.recovery.interruptions)} "
                 f"(generation {self.recovery.generation})"
             )
+        if self.transfer is not None:
+            parts.append(self.transfer_summary())
         if self.response is not None:
             parts.append(f"speaking {self.response.response_id}")
         elif self.turn is not None:
@@ -288,6 +315,8 @@ class SessionState:
         data["deadlines"] = {k: dataclasses.asdict(v) for k, v in sorted(self.deadlines.items())}
         if not self.dropped_stage:
             del data["dropped_stage"]  # checkpoints and histories from before parking
+        if self.transfer is None:
+            del data["transfer"]  # ... and from before a transfer was its own phase
         return data
 
     @classmethod
@@ -296,6 +325,18 @@ class SessionState:
             return None if value is None else kind(**value)
 
         recovery = data.get("recovery")
+        transfer = data.get("transfer")
+        if recovery is not None and Interruption.TRANSFER in recovery["interruptions"]:
+            # A checkpoint from when a transfer ran as a recovery: its phase, as far as the
+            # checkpoint tells (not its mode), and the recovery of whatever else was broken.
+            transfer = {
+                "generation": recovery["generation"],
+                "mode": "",
+                "started_at": recovery["started_at"],
+                "stage": TransferStage.REFERRING,
+            }
+            others = [k for k in recovery["interruptions"] if k != Interruption.TRANSFER]
+            recovery = {**recovery, "interruptions": others} if others else None
         return cls(
             session_id=data["session_id"],
             version=data["version"],
@@ -315,6 +356,9 @@ class SessionState:
                 **{**recovery, "interruptions": tuple(map(Interruption, recovery["interruptions"]))}
             ),
             recovery_generation=data["recovery_generation"],
+            transfer=None
+            if transfer is None
+            else Transfer(**{**transfer, "stage": TransferStage(transfer["stage"])}),
             outstanding=tuple(Outstanding.from_dict(o) for o in data["outstanding"]),
             approvals=tuple(data["approvals"]),
             deadlines={k: Deadline(**v) for k, v in data["deadlines"].items()},

@@ -79,12 +79,40 @@ class IntentStage(enum.StrEnum):
 
 
 class Interruption(enum.StrEnum):
-    """What a recovery recovers from (seed 001's separate dimensions)."""
+    """What freezes the gate and cuts the response (seed 001's separate dimensions). A transfer
+    does too, but it is its own phase (session.transfer), never a recovery: ``RECOVERABLE`` are
+    what a recovery recovers from, and what its metrics and alert count."""
 
     MEDIA = "media"
     REINVITE = "reinvite"
     TRANSFER = "transfer"
     AGENT_LINK = "agent_link"
+
+
+RECOVERABLE = (Interruption.MEDIA, Interruption.REINVITE, Interruption.AGENT_LINK)
+
+
+class TransferStage(enum.StrEnum):
+    """Where a transfer under way is (``Transfer.stage``, shown in the session's status)."""
+
+    CALLING = "calling"  # our leg to the target rings: a bridge's, or an attended consult leg
+    CONSULTING = "consulting"  # attended: the person answered; the REFER has not gone yet
+    REFERRING = "referring"  # blind: the REFER is out, not yet accepted
+    REFERRED = "referred"  # the REFER was accepted: its NOTIFYs report the target's progress
+
+
+class TransferOutcome(enum.StrEnum):
+    """How a transfer phase ended (``TransferEnded.outcome``, the label of
+    ``voicegate_transfer_duration_seconds``)."""
+
+    COMPLETED = "completed"  # the caller is with the target (final 2xx NOTIFY, or bridged)
+    REFUSED = "refused"  # the REFER, or the target's leg (503), refused before it ran
+    FAILED = "failed"  # the target's side failed (a final NOTIFY 3xx-6xx, busy, no answer)
+    DECLINED = "declined"  # attended: the person declined (603)
+    CANCELED = "canceled"  # attended: called off before the hand-over (487)
+    TIMED_OUT = "timed_out"  # the guard (transfer.notify_timeout_s) fired first
+    CALLER_LEFT = "caller_left"  # the caller hung up while it ran
+    ENDED = "ended"  # the session ended otherwise (an operator, the agent, the process)
 
 
 class RecoveryOutcome(enum.StrEnum):

@@ -329,6 +329,9 @@ class Runtime:
                     kind = "+".join(kinds)
                     m.recoveries.labels(kind, outcome).inc()
                     m.recovery_duration.labels(kind).observe(d)
+                case fx.TransferEnded(mode=mode, outcome=outcome, duration_s=d) if mode:
+                    # (A checkpoint from before transfers were a phase of their own has no mode.)
+                    m.transfer_duration.labels(mode, outcome).observe(d)
                 case fx.StaleEventIgnored(event_type=event_type):
                     m.stale_events.labels(event_type).inc()
                 case _:

@@ -22,6 +22,7 @@ EXPECTED_ACTION = {
     fx.StartRecovery: "recovery_started",
     fx.AttemptRecovery: "attempt_recovery",
     fx.RecoveryFinished: "recovery_finished",
+    fx.TransferEnded: "transfer_ended",
     fx.ScheduleTimer: "schedule_timer",
     fx.CancelTimer: "cancel_timer",
     fx.Reconcile: "reconcile",

@@ -40,8 +40,8 @@ def _up(ttl: float = TTL) -> SessionState:
 
 def _transferred(state: SessionState, at: float) -> tuple[SessionState, list[fx.Effect]]:
     state, _ = step(state, ev.TransferStarted(CC), at)
-    assert state.recovery is not None
-    return step(state, ev.TransferFinished(state.recovery.generation, ok=True, status=200), at)
+    assert state.transfer is not None
+    return step(state, ev.TransferFinished(state.transfer.generation, ok=True, status=200), at)
 
 
 def test_a_transfer_that_succeeds_leaves_the_session_away_with_our_bye_sent() -> None:
@@ -157,8 +157,8 @@ class AwayAndBack(RuleBasedStateMachine):
     @rule(ok=st.booleans())
     def transfer(self, ok: bool) -> None:
         self.feed(ev.TransferStarted(CC))
-        if self.state.recovery is not None:
-            self.feed(ev.TransferFinished(self.state.recovery.generation, ok=ok, status=200))
+        if self.state.transfer is not None:
+            self.feed(ev.TransferFinished(self.state.transfer.generation, ok=ok, status=200))
 
     @rule(offset=st.sampled_from([1, 1, 0, 2]), via=st.sampled_from(["header", "uui"]))
     def rejoin(self, offset: int, via: str) -> None:

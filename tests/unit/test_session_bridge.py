@@ -37,12 +37,15 @@ def test_a_bridge_starts_like_any_transfer() -> None:
     assert fx.ScheduleTimer("transfer_notify", 40.0, 1) in effects
 
 
-def test_bridged_the_recovery_ends_and_the_gate_stays_frozen_for_the_people_talking() -> None:
+def test_bridged_the_transfer_ends_and_the_gate_stays_frozen_for_the_people_talking() -> None:
     state, effects = fold(*BRIDGED)
-    assert state.signaling is Signaling.BRIDGED and state.recovery is None
+    assert state.signaling is Signaling.BRIDGED and state.transfer is None
+    assert state.recovery is None
     assert state.gate is Gate.FROZEN and state.transfer_status == 200
     assert fx.CancelTimer("transfer_notify") in effects
-    assert any(isinstance(e, fx.RecoveryFinished) for e in effects)
+    # The transfer phase is over (completed, 2 s after it began); no recovery ever ran.
+    assert fx.TransferEnded(1, "bridge", "completed", 2.0) in effects
+    assert not any(isinstance(e, fx.RecoveryFinished | fx.StartRecovery) for e in effects)
     # No turns while bridged: the caller talks to a person, not to the agent.
     with pytest.raises(IllegalTransition):
         step(state, ev.TurnStarted("t2"), 13.0)

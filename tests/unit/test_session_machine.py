@@ -402,10 +402,12 @@ def test_an_unknown_receipt_ends_in_needs_human_and_keeps_the_intent() -> None:
 
 
 def second_recovery(kind: str) -> SessionState:
-    """A recovery of generation 1 finished; generation 2 of the same kind is running."""
+    """A recovery (or a transfer) of generation 1 finished; generation 2 of the same kind is
+    running."""
     state = interrupted(answered(), kind)
     state, _ = run(state, [(restore(kind, 1), 12.0), (INTERRUPT[kind], 20.0)])
-    assert state.recovery is not None and state.recovery.generation == 2
+    running = state.recovery or state.transfer
+    assert running is not None and running.generation == 2
     return state
 
 
@@ -413,7 +415,7 @@ STALE_CASES: list[tuple[str, ev.Event, str]] = [
     ("media", ev.MediaRestored(1), "generation 1 is not the current 2"),
     ("agent_link", ev.AgentLinkRestored(1), "generation 1 is not the current 2"),
     ("reinvite", ev.ReinviteFinished(1), "generation 1 is not the current 2"),
-    ("transfer", ev.TransferFinished(1, ok=True), "generation 1 is not the current 2"),
+    ("transfer", ev.TransferFinished(1, ok=True), "generation 1 is not the transfer's 2"),
     ("media", ev.MediaRestored(3), "generation 3 is not the current 2"),
     ("media", ev.DeadlineFired("recovery", 1), "no current deadline recovery/1"),
     ("media", ev.DeadlineFired("honesty", 1), "no current deadline honesty/1"),

@@ -584,31 +584,62 @@ class SessionProperties(RuleBasedStateMachine):
             assert intent.kind == "read" or before.gate is Gate.OPEN
 
         # Any interruption, in one step: gate frozen, playback cut, one recovery (seed 000/001).
-        if isinstance(event, INTERRUPTIONS):
+        # During a transfer the session is halted already: a broken dimension is only recorded.
+        if isinstance(event, INTERRUPTIONS) and before.transfer is None:
             assert after.gate is Gate.FROZEN and after.response is None
             assert after.playback_generation == before.playback_generation + 1
             assert fx.ClearPlayout(after.playback_generation) in effects
+        if isinstance(event, INTERRUPTIONS):
             started = [e for e in effects if isinstance(e, fx.StartRecovery)]
-            assert after.recovery is not None
-            if before.recovery is None:
-                timeout = before.policy.recovery_timeout_s
-                if isinstance(event, ev.TransferStarted):
-                    # A transfer's recovery outlives its NOTIFY guard (session/machine.py).
-                    timeout = max(timeout, before.policy.transfer_timeout_s + 5.0)
+            if isinstance(event, ev.TransferStarted):
+                # Its own phase, never a recovery (session/transfer.py), with a fresh generation.
+                assert not started and after.recovery is None and after.transfer is not None
+                assert after.transfer.generation == before.recovery_generation + 1
+            elif before.transfer is not None:
+                # Broken during a transfer: recorded, recovered only if the caller comes back.
+                assert not started and after.recovery is None
+            elif before.recovery is None:
+                assert after.recovery is not None
                 assert started == [
                     fx.StartRecovery(
                         before.recovery_generation + 1,
                         after.recovery.interruptions[0],
-                        self.now + timeout,
+                        self.now + before.policy.recovery_timeout_s,
                     )
                 ]
             else:
-                assert not started
+                assert not started and after.recovery is not None
                 assert after.recovery.generation == before.recovery.generation
+
+        # A recovery and a transfer never run at once; no recovery is ever a transfer's.
+        assert after.recovery is None or after.transfer is None
+        assert after.recovery is None or "transfer" not in after.recovery.interruptions
+        for effect in effects:
+            if isinstance(effect, fx.StartRecovery | fx.RecoveryFinished):
+                kinds = getattr(effect, "interruptions", None) or (effect.interruption,)
+                assert "transfer" not in kinds, effect
+        # Every transfer phase that ends says so once, with how long it ran.
+        ended = [e for e in effects if isinstance(e, fx.TransferEnded)]
+        if before.transfer is not None and after.transfer is None:
+            assert ended == [
+                fx.TransferEnded(
+                    before.transfer.generation,
+                    before.transfer.mode,
+                    ended[0].outcome if ended else "",
+                    round(self.now - before.transfer.started_at, 6),
+                )
+            ]
+        else:
+            assert not ended
 
         # A probe's answer: the dialog is gone (the session fails at once, no BYE), or it is
         # there (nothing changes but the version: the answer is logged).
-        if isinstance(event, ev.RecoveryProbed) and not is_stale(effects):
+        # (One of a transfer's generation is from a log of when transfers ran as recoveries: it
+        # folds as a no-op.)
+        of_transfer = before.transfer is not None and before.recovery is None
+        if isinstance(event, ev.RecoveryProbed) and of_transfer and not is_stale(effects):
+            assert after.transfer == before.transfer and effects == []
+        elif isinstance(event, ev.RecoveryProbed) and not is_stale(effects):
             assert before.recovery is not None
             assert event.generation == before.recovery.generation
             assert event.attempt < before.recovery.attempt
@@ -848,7 +879,8 @@ class SessionProperties(RuleBasedStateMachine):
         assert kinds.count(fx.RecoveryFinished) == (before.recovery is not None)
         # Every timer still armed is cancelled (the one that fired is already gone).
         fired = event.name if isinstance(event, ev.DeadlineFired) else None
-        assert [e.name for e in effects if isinstance(e, fx.CancelTimer)] == sorted(
+        # (A transfer's guard goes first, with its phase: TransferEnded says how it ended.)
+        assert sorted(e.name for e in effects if isinstance(e, fx.CancelTimer)) == sorted(
             name for name in before.deadlines if name != fired
         )
         if before.outstanding:

@@ -10,7 +10,8 @@ import pytest
 from session import effects as fx
 from session import events as ev
 from session.machine import IllegalTransition, step
-from session.state import Gate, SessionState, Signaling
+from session.state import AgentLink, Gate, Media, SessionState, Signaling, Transfer
+from session.vocabulary import TransferStage
 
 SID = "sess-t"
 POLICY = {"recovery_timeout_s": 10.0, "max_duration_s": 600.0, "transfer_timeout_s": 30.0}
@@ -35,16 +36,25 @@ def test_starting_freezes_the_gate_cuts_the_response_and_arms_the_notify_guard()
     assert state.signaling is Signaling.TRANSFERRING and state.gate is Gate.FROZEN
     assert state.response is None and state.transfer_target == TARGET
     assert fx.CancelResponse("r1") in effects and fx.ClearPlayout(1) in effects
-    # The guard decides, not the recovery's deadline, and nobody says "reconnecting".
+    # Its own phase, not a recovery: the guard decides, nothing is retried, nobody says
+    # "reconnecting", and the status says what a desk should read.
+    assert state.recovery is None
+    assert state.transfer == Transfer(1, "blind", 10.0, TransferStage.REFERRING)
+    assert "gate frozen, transferring (blind, referring)" in state.status()
     assert fx.ScheduleTimer("transfer_notify", 40.0, 1) in effects
-    assert fx.StartRecovery(1, "transfer", 45.0) in effects
-    assert not any(isinstance(e, fx.ScheduleTimer) and e.name == "honesty" for e in effects)
+    assert fx.GateChanged("open", "frozen", 0.0) in effects
+    assert fx.NotifyAgent("interrupted", "transfer") in effects
+    assert not any(isinstance(e, fx.StartRecovery) for e in effects)
+    timers = {e.name for e in effects if isinstance(e, fx.ScheduleTimer)}
+    assert timers == {"transfer_notify"}
 
 
 def test_progress_is_recorded_and_a_final_2xx_ends_completed_with_our_bye() -> None:
     state, _ = fold(*STARTED, (ev.TransferProgress(100), 10.5), (ev.TransferProgress(180), 11.0))
     assert state.transfer_status == 180
+    assert state.transfer is not None and state.transfer.stage is TransferStage.REFERRED
     state, effects = step(state, ev.TransferFinished(1, ok=True, status=200), 12.0)
+    assert fx.TransferEnded(1, "blind", "completed", 2.0) in effects
     assert state.ended is not None
     assert (state.ended.terminal_state, state.ended.reason) == ("completed", "transferred")
     assert state.transfer_status == 200 and state.transfer_target == TARGET
@@ -54,13 +64,20 @@ def test_progress_is_recorded_and_a_final_2xx_ends_completed_with_our_bye() -> N
     assert fx.CancelTimer("transfer_notify") in effects
 
 
-@pytest.mark.parametrize("status", [603, 486, 503])
+@pytest.mark.parametrize(
+    ("status", "accepted", "outcome"),
+    [(603, False, "refused"), (486, True, "failed"), (503, False, "refused")],
+)
 def test_a_refused_or_failed_transfer_takes_the_caller_back_with_an_honest_line(
-    status: int,
+    status: int, accepted: bool, outcome: str
 ) -> None:
-    state, effects = fold(*STARTED, (ev.TransferFinished(1, ok=False, status=status), 12.0))
+    notified = ((ev.TransferProgress(100), 11.0),) if accepted else ()
+    state, effects = fold(
+        *STARTED, *notified, (ev.TransferFinished(1, ok=False, status=status), 12.0)
+    )
     assert state.ended is None and state.signaling is Signaling.UP
-    assert state.gate is Gate.OPEN and state.recovery is None
+    assert state.gate is Gate.OPEN and state.recovery is None and state.transfer is None
+    assert fx.TransferEnded(1, "blind", outcome, 2.0) in effects
     assert state.transfer_status == status
     assert effects[-2:] == [
         fx.Say("transfer_failed"),
@@ -78,6 +95,7 @@ def test_no_final_notify_within_the_guard_takes_the_caller_back_and_a_late_one_i
     state, effects = step(state, ev.DeadlineFired("transfer_notify", 1), 40.0)
     assert state.ended is None and state.signaling is Signaling.UP and state.gate is Gate.OPEN
     assert fx.Say("transfer_failed") in effects and state.transfer_status == 408
+    assert fx.TransferEnded(1, "blind", "timed_out", 30.0) in effects
     late, effects = step(state, ev.TransferFinished(1, ok=True, status=200), 41.0)
     assert late.ended is None and effects == [
         fx.StaleEventIgnored("transfer_finished", "no transfer is in progress")
@@ -90,6 +108,7 @@ def test_a_bye_before_the_final_notify_ends_the_session_once() -> None:
     assert state.ended.terminal_state == "completed"
     assert state.ended.reason == "caller left during transfer (last NOTIFY 100)"
     assert not any(isinstance(e, fx.HangUp) for e in effects)  # the caller's BYE ended it
+    assert fx.TransferEnded(1, "blind", "caller_left", 1.0) in effects
     with pytest.raises(IllegalTransition):
         step(state, ev.TransferFinished(1, ok=True, status=200), 11.1)
 
@@ -130,3 +149,67 @@ def test_old_checkpoints_without_transfer_fields_still_load() -> None:
     del data["transfer_target"], data["transfer_status"]
     loaded = SessionState.from_dict(data)
     assert loaded.transfer_target == "" and loaded.signaling is Signaling.TRANSFERRING
+
+
+def test_a_media_gap_during_a_transfer_is_recorded_not_recovered() -> None:
+    # The transferee often stops its RTP to us while it calls the target: that is no fault of
+    # ours, so no recovery, no "reconnecting", no probes.
+    state, effects = fold(*STARTED, (ev.MediaLost(), 11.0))
+    assert state.media is Media.INTERRUPTED and state.recovery is None
+    assert not any(isinstance(e, fx.StartRecovery | fx.Say | fx.ScheduleTimer) for e in effects)
+    state, effects = step(state, ev.MediaRestored(1), 12.0)
+    assert state.media is Media.FLOWING and state.recovery is None and effects == []
+    # ... and a gap still open when the transfer fails is recovered from then on.
+    state, _ = fold(*STARTED, (ev.MediaLost(), 11.0))
+    state, effects = step(state, ev.TransferFinished(1, ok=False, status=486), 12.0)
+    assert state.recovery is not None and state.recovery.interruptions == ("media",)
+    assert fx.StartRecovery(2, "media", 22.0) in effects
+    assert state.gate is Gate.FROZEN  # reconciles once the media is back
+
+
+def test_an_agent_link_lost_and_back_during_a_transfer_needs_no_recovery() -> None:
+    state, effects = fold(*STARTED, (ev.AgentLinkLost(), 11.0))
+    assert state.agent_link is AgentLink.LOST and state.recovery is None
+    assert not any(isinstance(e, fx.StartRecovery) for e in effects)
+    # It names the transfer's generation: an older one is stale.
+    stale, effects = step(state, ev.AgentLinkRestored(0), 11.5)
+    assert stale.agent_link is AgentLink.LOST and isinstance(effects[0], fx.StaleEventIgnored)
+    state, _ = step(state, ev.AgentLinkRestored(1), 12.0)
+    state, effects = step(state, ev.DeadlineFired("transfer_notify", 1), 40.0)
+    assert state.agent_link is AgentLink.CONNECTED and state.gate is Gate.OPEN
+    assert not any(isinstance(e, fx.StartRecovery) for e in effects)
+
+
+def test_no_input_asks_nobody_during_a_transfer() -> None:
+    policy = {**POLICY, "no_input_s": 5.0}
+    up = ((ev.CallOffered("+15550001234", "svc", policy), 0.0), (ev.CallAnswered(), 1.0))
+    state, _ = fold(*up, (ev.TransferStarted(TARGET), 2.0))
+    state, effects = step(state, ev.DeadlineFired("no_input", 0), 6.0)
+    assert not any(isinstance(e, fx.Say) for e in effects)
+
+
+def test_recovery_retries_logged_during_a_transfer_by_older_releases_fold_as_no_ops() -> None:
+    # Before a transfer was its own phase it ran as a recovery, whose retries were logged.
+    state, _ = fold(*STARTED)
+    after, effects = step(state, ev.RecoveryRetryDue(1, 0), 10.2)
+    assert effects == [] and after.version == state.version + 1
+    assert after.transfer == state.transfer and after.deadlines == state.deadlines
+
+
+def test_a_checkpoint_of_a_transfer_running_as_a_recovery_loads_as_the_transfer_phase() -> None:
+    state, _ = fold(*STARTED)
+    data = state.to_dict()
+    del data["transfer"]
+    data["recovery"] = {
+        "generation": 1,
+        "interruptions": ["transfer", "media"],
+        "started_at": 10.0,
+        "deadline": 45.0,
+        "attempt": 1,
+    }
+    loaded = SessionState.from_dict(data)
+    assert loaded.transfer == Transfer(1, "", 10.0, TransferStage.REFERRING)
+    assert loaded.recovery is not None and loaded.recovery.interruptions == ("media",)
+    assert "transferring (referring)" in loaded.status()
+    after, _ = step(loaded, ev.TransferFinished(1, ok=True, status=200), 12.0)
+    assert after.ended is not None and after.ended.reason == "transferred"

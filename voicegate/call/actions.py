@@ -69,6 +69,8 @@ class CallActions:
             ended = state.ended if state is not None else None
             timed_out = ended is not None and ended.terminal_state == "timed_out"
             return "timeout" if timed_out else "ending"
+        if state.transfer is not None:
+            return "transfer"
         if state.recovery is not None:
             return state.recovery.interruptions[-1]
         return "ending"
@@ -95,6 +97,8 @@ class CallActions:
         state = self._state.session_state
         if state is None:
             return ""
+        if new == "frozen" and state.transfer is not None:
+            return "transfer"  # its own phase: the agent is not told of a fault
         if new == "frozen" and state.recovery is not None:
             return "+".join(state.recovery.interruptions)
         if new == "reconciling":
@@ -139,6 +143,18 @@ class CallActions:
         log.info(
             "recovery.finished",
             extra={"call_id": self._state.call_id, "generation": generation, "outcome": outcome},
+        )
+
+    def transfer_ended(self, generation: int, mode: str, outcome: str, duration_s: float) -> None:
+        log.info(
+            "transfer.finished",
+            extra={
+                "call_id": self._state.call_id,
+                "generation": generation,
+                "mode": mode,
+                "outcome": outcome,
+                "duration_s": duration_s,
+            },
         )
 
     def schedule_timer(self, name: str, due: float, generation: int, attempt: int) -> None:

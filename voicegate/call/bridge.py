@@ -157,16 +157,16 @@ class CallBridge:
             case ev.MediaReady(channel=channel) if self.consultation is not None:
                 self.consultation.media(channel)
             case ev.CallAnswered() if self.consultation is not None:
-                recovery = state.recovery
-                if state.signaling is not Signaling.TRANSFERRING or recovery is None:
+                transfer = state.transfer
+                if state.signaling is not Signaling.TRANSFERRING or transfer is None:
                     return
-                if self._steps.try_apply(sev.ConsultAnswered(recovery.generation)):
+                if self._steps.try_apply(sev.ConsultAnswered(transfer.generation)):
                     self._steps.after_durable(self.consultation.answered)
             case ev.Bridged():
-                recovery = state.recovery
-                if state.signaling is not Signaling.TRANSFERRING or recovery is None:
+                transfer = state.transfer
+                if state.signaling is not Signaling.TRANSFERRING or transfer is None:
                     return
-                if self._steps.try_apply(sev.BridgeUp(recovery.generation)):
+                if self._steps.try_apply(sev.BridgeUp(transfer.generation)):
                     self.up = True
                     self._services.metrics.bridged_legs.inc(2)
                     log.info("transfer.bridged", extra={"call_id": self._state.call_id})
@@ -190,9 +190,9 @@ class CallBridge:
                     # RFC 5589 section 7.1: the target ends the consult dialog once the caller's
                     # INVITE with Replaces took its place; the REFER's NOTIFYs tell the outcome.
                     pass
-                elif state.signaling is Signaling.TRANSFERRING and state.recovery is not None:
+                elif state.signaling is Signaling.TRANSFERRING and state.transfer is not None:
                     # Not answered: busy, no answer, failed, or no free slot after all.
-                    generation = state.recovery.generation
+                    generation = state.transfer.generation
                     if self._steps.try_apply(
                         sev.TransferFinished(generation, ok=False, status=status)
                     ):
@@ -252,11 +252,11 @@ class CallBridge:
             return "no attended transfer is consulting"
         if self._refer_sent:
             return "the caller is already being handed over"
-        recovery = state.recovery
-        if state.signaling is not Signaling.TRANSFERRING or recovery is None:
+        transfer = state.transfer
+        if state.signaling is not Signaling.TRANSFERRING or transfer is None:
             return "no attended transfer is consulting"
         if not self._steps.try_apply(
-            sev.TransferFinished(recovery.generation, ok=False, status=status)
+            sev.TransferFinished(transfer.generation, ok=False, status=status)
         ):
             return "the session refused the cancel now"
         log.info(

@@ -15,6 +15,7 @@ from numpy.typing import NDArray
 
 from audio.speech.masking import mask_digits
 from session import events as sev
+from session.recovery import current_generation
 from session.vocabulary import SpeechDecision
 from voicegate.call.acting import SessionSteps
 from voicegate.call.call_state import CallState
@@ -174,10 +175,10 @@ class AgentControl:
 
     def link_restored(self) -> None:
         session = self._state.session_state
-        recovery = session.recovery if session is not None else None
-        # AgentLinkRestored names the recovery it ends; without one there is nothing to restore.
-        if recovery is not None:
-            self._apply_link(sev.AgentLinkRestored(recovery.generation))
+        # AgentLinkRestored names the recovery it ends, or the transfer it came back during;
+        # without either there is nothing to restore.
+        if session is not None and (generation := current_generation(session)):
+            self._apply_link(sev.AgentLinkRestored(generation))
 
     def link_failed(self, reason: str) -> None:
         self._apply_link(sev.AgentLinkFailed(reason))

@@ -37,6 +37,10 @@ class EffectTarget(Protocol):
 
     def recovery_finished(self, generation: int, outcome: str) -> None: ...
 
+    def transfer_ended(
+        self, generation: int, mode: str, outcome: str, duration_s: float
+    ) -> None: ...
+
     def schedule_timer(self, name: str, due: float, generation: int, attempt: int) -> None: ...
 
     def cancel_timer(self, name: str) -> None: ...
@@ -118,6 +122,8 @@ def execute_one(
             target.attempt_recovery(generation, attempt, kinds)
         case fx.RecoveryFinished(generation=generation, outcome=outcome):
             target.recovery_finished(generation, outcome)
+        case fx.TransferEnded(generation=generation, mode=mode, outcome=outcome, duration_s=d):
+            target.transfer_ended(generation, mode, outcome, d)
         case fx.ScheduleTimer(name=name, due=due, generation=generation, attempt=attempt):
             target.schedule_timer(name, due, generation, attempt)
         case fx.CancelTimer(name=name):

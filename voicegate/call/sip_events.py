@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 
 from session import events as sev
+from session.recovery import current_generation
 from session.state import Signaling
 from telephony import events as ev
 from voicegate.call.acting import SessionSteps
@@ -77,8 +78,7 @@ class SipEvents:
             self._responses.forget()
             self._steps.try_apply(sev.MediaLost())
         elif health in ("flowing", "held") and state.media.value == "interrupted":
-            generation = state.recovery.generation if state.recovery else 0
-            self._steps.try_apply(sev.MediaRestored(generation))
+            self._steps.try_apply(sev.MediaRestored(current_generation(state)))
 
     def reinvite_started(self) -> None:
         if self._state.phase is CallPhase.ANSWERED:

@@ -256,7 +256,7 @@ class CallTransfer:
                 self._accepted = True
             return
         state = self._state.session_state
-        if state is None or state.signaling is not Signaling.TRANSFERRING or state.recovery is None:
+        if state is None or state.signaling is not Signaling.TRANSFERRING or state.transfer is None:
             return  # late: the guard took the caller back, or the call is over
         if not report.final:
             if report.status == 100 and not self._accepted:
@@ -265,7 +265,7 @@ class CallTransfer:
                 self.tell(TransferUpdate("trying", report.status))
             return
         ok = 200 <= report.status < 300
-        generation = state.recovery.generation
+        generation = state.transfer.generation
         if not ok and not self._accepted and self._falls_back():
             # The REFER itself was refused (a carrier without REFER): bridge instead.
             if self._steps.try_apply(sev.TransferFellBack(generation, report.status)):

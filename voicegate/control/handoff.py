@@ -73,6 +73,9 @@ def handoff(store: SessionStore, session_id: str, *, live: bool) -> dict[str, An
     elif state.signaling is Signaling.AWAY:
         # Transferred out, and the caller may come back with the handle (session/away.py).
         why = "transferred"
+    elif state.transfer is not None:
+        # A desk reads this while it takes the caller: a transfer is no fault.
+        why = state.transfer_summary()
     elif state.recovery is not None:
         why = f"recovering {'+'.join(state.recovery.interruptions)}"
     else:

@@ -450,6 +450,15 @@ async def get_session(request: web.Request) -> web.Response:
                 "started_at": state.recovery.started_at,
                 "deadline": state.recovery.deadline,
             },
+            "transfer": None
+            if state.transfer is None
+            else {
+                "generation": state.transfer.generation,
+                "mode": state.transfer.mode,
+                "stage": state.transfer.stage.value,
+                "started_at": state.transfer.started_at,
+                "summary": state.transfer_summary(),
+            },
             "turn": None if state.turn is None else state.turn.turn_id,
             "response": None if state.response is None else state.response.response_id,
             "outstanding_intents": intents,

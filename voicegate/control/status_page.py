@@ -56,6 +56,11 @@ _PAGE = """<!doctype html>
   <th>session</th><th>interruptions</th><th>generation</th><th>started</th><th>deadline</th>
 </tr></thead><tbody></tbody></table>
 
+<h2>Transfers in progress (<span id="transfers-count">0</span>)</h2>
+<table id="transfers"><thead><tr>
+  <th>session</th><th>transfer</th><th>started</th>
+</tr></thead><tbody></tbody></table>
+
 <h2>Sessions needing a human (<span id="needs-human-count">0</span>)</h2>
 <table id="needs-human"><thead><tr>
   <th>session</th><th>ended</th><th>status</th><th>owner</th>
@@ -177,6 +182,14 @@ async function refresh() {
     cell(d.recovery.interruptions.join(", "), "warn"), cell(d.recovery.generation),
     cell(d.recovery.started_at), cell(d.recovery.deadline),
   ]), 5, "no recovery in progress");
+
+  // A transfer is its own phase, not a recovery: a desk sees "transferring", never a fault.
+  const transferring = details.filter(d => d && d.transfer);
+  document.getElementById("transfers-count").textContent = transferring.length;
+  fill("transfers", transferring.map(d => [
+    link(d.session_id, "/v1/sessions/" + encodeURIComponent(d.session_id)),
+    cell(d.transfer.summary), cell(d.transfer.started_at),
+  ]), 3, "no transfer in progress");
 
   document.getElementById("needs-human-count").textContent = needsHuman.sessions.length;
   fill("needs-human", needsHuman.sessions.map(s => [

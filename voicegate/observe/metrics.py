@@ -22,12 +22,13 @@ from agents.base import AGENT_CALLS, RESPONSE_ENDINGS
 from agents.remote.protocol import ERROR_CODES
 from session.resume import ResumeResult
 from session.vocabulary import (
-    Interruption,
+    RECOVERABLE,
     LegOutcome,
     Outcome,
     RecoveryOutcome,
     SpeechDecision,
     Terminal,
+    TransferOutcome,
 )
 
 # Why the control API refused a request (voicegate/control/auth.py); a closed vocabulary.
@@ -173,6 +174,17 @@ class Metrics:
             "How long recoveries took, by interruption kind",
             ["kind"],
             buckets=(0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120),
+            registry=r,
+        )
+        # A transfer is its own phase, not a recovery (session/transfer.py): an attended one
+        # waits for a person for minutes by design, which no recovery target should count.
+        self.transfer_duration = Histogram(
+            "voicegate_transfer_duration_seconds",
+            "How long transfers took from their start to the caller being with the target, back "
+            "with the agent or gone, by mode and outcome (completed, refused, failed, declined, "
+            "canceled, timed_out, caller_left, ended: the session ended otherwise)",
+            ["mode", "outcome"],
+            buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300),
             registry=r,
         )
         self.stale_events = Counter(
@@ -456,7 +468,10 @@ class Metrics:
         # Every series of a closed vocabulary exists at 0 from the start: an alert or a
         # dashboard's increase() sees the first event (a series born at 1 has no increase), and
         # deploy/grafana's queries can be checked against a fresh /metrics.
-        for kind in Interruption:
+        for mode in TRANSFER_MODES:
+            for phase_outcome in TransferOutcome:
+                self.transfer_duration.labels(mode, phase_outcome)
+        for kind in RECOVERABLE:
             self.recovery_duration.labels(kind)
             for recovery_outcome in RecoveryOutcome:
                 self.recoveries.labels(kind, recovery_outcome)
