@@ -65,6 +65,12 @@ def _session(server: Server, call_id: str) -> dict[str, Any]:
     return session  # type: ignore[no-any-return]
 
 
+def _handoff_why(server: Server, call_id: str) -> str:
+    status, handoff = server.http(f"/v1/sessions/{call_id}/handoff")
+    assert status == 200, handoff
+    return str(handoff["why"])
+
+
 def _types(session: dict[str, Any]) -> list[str]:
     return [e["type"] for e in session["events"]]
 
@@ -88,12 +94,24 @@ def test_the_demo_agent_tells_the_person_why_and_their_key_1_hands_the_caller_ov
 ) -> None:
     server, port = consult_server
     completed = server.metric("voicegate_transfers_total", mode="attended", outcome="completed")
+    took = ("voicegate_transfer_duration_seconds_count", "attended", "completed")
+    transfers_timed = server.metric(took[0], mode=took[1], outcome=took[2])
     capture = Capture(tmp_path / "rtp.pcap", server.rtp_min, server.rtp_max)
     try:
         person = Sipp("uas-consult-accepts.xml", "", tmp_path / "person", port=port).start()
         # Key 0 to the demo agent: its own attended transfer (transfer.default_mode).
         caller = Sipp("uac-transfer-key0-attended.xml", server.sip_target, tmp_path).start()
         call_id = _answered_call(server)
+        # While the person is consulted (2.5 s before their key), a desk's screen reads a
+        # transfer, never a fault: the handoff and the session say so.
+        wait_for(
+            lambda: _handoff_why(server, call_id) == "transferring (attended, consulting)",
+            10,
+            "the handoff to say the caller is being transferred, consulting",
+        )
+        detail = _session(server, call_id)
+        assert detail["recovery"] is None, detail["status"]
+        assert detail["transfer"]["summary"] == "transferring (attended, consulting)"
         assert caller.wait() == 0, caller.errors()  # the REFER with Replaces, then our BYE
         assert person.wait() == 0, person.errors()  # its INFO got 200, then our BYE
     finally:
@@ -108,6 +126,16 @@ def test_the_demo_agent_tells_the_person_why_and_their_key_1_hands_the_caller_ov
         server.metric("voicegate_transfers_total", mode="attended", outcome="completed")
         == completed + 1
     )
+    # Its own phase: timed as a transfer, and no recovery of any kind ran (none is a transfer).
+    assert server.metric(took[0], mode=took[1], outcome=took[2]) == transfers_timed + 1
+    recoveries = {
+        labels: value
+        for (name, labels), value in server.metrics().items()
+        if name == "voicegate_recovery_duration_seconds_count"
+    }
+    assert all(dict(labels)["kind"] != "transfer" for labels in recoveries), recoveries
+    assert sum(recoveries.values()) == 0, recoveries
+    assert '"recovery.started"' not in server.log()
     # The agent's sentence was logged by its length only, and the key by its method.
     log = server.log()
     assert '"transfer.consult_say"' in log and REASON not in log
