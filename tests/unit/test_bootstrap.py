@@ -33,11 +33,11 @@ SERVE = {"espeak-ng", "gcc"}
 
 
 def _bin_dir(tmp_path: Path, *tools: str) -> Path:
-    """A PATH directory with the real ``dirname``, ``id`` and ``touch`` and stand-ins for
+    """A PATH directory with the real ``cat``, ``dirname``, ``id`` and ``touch``, stand-ins for
     ``tools`` that log their arguments to ``calls.log`` beside it."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
-    for real in ("dirname", "id", "touch"):
+    for real in ("cat", "dirname", "id", "touch"):
         found = shutil.which(real)
         assert found, f"{real} is not on this machine's PATH"
         (bin_dir / real).symlink_to(found)
@@ -146,3 +146,22 @@ def _touch_after_stamps(path: Path) -> None:
     os.utime(path, (now, now))
     for stamp in (path.parent / ".venv").glob(".voicegate-installed*"):
         os.utime(stamp, (now - 100, now - 100))
+
+
+def test_a_failing_pip_is_shown_and_stops_with_no_stamp(tmp_path: Path, checkout: Path) -> None:
+    bin_dir = _bin_dir(tmp_path, "espeak-ng", "cc")
+    python = checkout / ".venv" / "bin" / "python"
+    python.write_text(
+        f"#!{BASH}\necho 'ERROR: No matching distribution found for numpy' >&2\nexit 1\n"
+    )
+    done = subprocess.run(
+        [BASH, str(checkout / "scripts" / "bootstrap"), "--serve"],
+        env={"PATH": str(bin_dir), "HOME": str(checkout)},
+        cwd=checkout,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode != 0
+    assert "ERROR: No matching distribution found for numpy" in done.stderr
+    assert not list((checkout / ".venv").glob(".voicegate-installed*")), "a failed install stamped"
