@@ -593,10 +593,22 @@ class LogSettings:
         metadata=key(one_of("debug", "info", "warning", "error"), "Level of voicegate's logs"),
     )
     format: str = field(
-        default="json", metadata=key(one_of("json", "text"), "Log lines as JSON or plain text")
+        default="auto",
+        metadata=key(
+            one_of("auto", "json", "text"),
+            "How log lines are written to stderr: json (one object per line), text (for "
+            "people: time, level, event, then key=value facts) or auto (text when stderr is a "
+            "terminal, json otherwise); the same facts either way",
+        ),
     )
     pjsip_level: int = field(
-        default=1, metadata=key(int_range(0, 6), "PJSIP's own log verbosity (0 = off)")
+        default=1,
+        metadata=key(
+            int_range(0, 6),
+            "PJSIP's own log verbosity (0 = off): its lines are in the log under the logger "
+            "pjsip, level 1 as errors, 2 warnings, 3 info, 4 to 6 (SIP messages from 4, "
+            "callers' numbers masked) debug",
+        ),
     )
 
 

@@ -13,7 +13,10 @@ from typing import Any
 
 import pjsua2 as pj
 
-from telephony.sip_message import mask_text
+from telephony.pjsip_log import DECOR, route_early_lines
+
+# telephony.endpoint imports it from here, where it was before telephony.pjsip_log.
+from telephony.pjsip_log import LogWriter as LogWriter
 
 log = logging.getLogger("voicegate.sip")
 
@@ -60,32 +63,26 @@ class EndpointConfig:
     trusted_source_header: bool = False
 
 
-class LogWriter(pj.LogWriter):  # type: ignore[misc]
-    """PJSIP's log lines into the ``pjsip`` logger, at the matching level."""
-
-    _LEVELS = (logging.CRITICAL, logging.ERROR, logging.WARNING, logging.INFO, logging.DEBUG)
-
-    def write(self, entry: Any) -> None:
-        level = self._LEVELS[min(entry.level, len(self._LEVELS) - 1)]
-        # From level 4 PJSIP quotes whole SIP messages, callers' numbers included (STYLE.md 10).
-        logging.getLogger("pjsip").log(level, mask_text(entry.msg.rstrip()))
-
-
 def start_library(ep: Any, cfg: EndpointConfig, writer: LogWriter) -> None:
     """Create, configure and start ``ep`` (a ``pj.Endpoint``): UDP and TCP transports bound.
 
     Raises ``pj.Error`` if the library cannot start; the caller destroys it then. ``writer`` must
     outlive the library (PJSIP calls it back).
     """
+    if not route_early_lines(cfg.pjsip_log_level):
+        log.debug("pjlib's log functions not found: its first lines go to stdout")
     ep.libCreate()
     ep_cfg = pj.EpConfig()
     ep_cfg.uaConfig.threadCnt = 0
     ep_cfg.uaConfig.mainThreadOnly = True
     ep_cfg.uaConfig.maxCalls = cfg.max_calls
     ep_cfg.uaConfig.userAgent = cfg.user_agent
+    # pjsua hands the writer only lines within consoleLevel (telephony.pjsip_log): the same
+    # level, or the writer hears nothing; with a writer set, nothing goes to the console.
     ep_cfg.logConfig.writer = writer
     ep_cfg.logConfig.level = cfg.pjsip_log_level
-    ep_cfg.logConfig.consoleLevel = 0
+    ep_cfg.logConfig.consoleLevel = cfg.pjsip_log_level
+    ep_cfg.logConfig.decor = DECOR
     ep_cfg.logConfig.msgLogging = cfg.pjsip_log_level >= 4
     ep_cfg.medConfig.clockRate = cfg.clock_rate
     ep_cfg.medConfig.sndClockRate = cfg.clock_rate

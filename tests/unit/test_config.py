@@ -117,7 +117,7 @@ def defaults_in(cwd: Path) -> Settings:
         ),
         agent=AgentSettings(kind="demo", prompts_dir=None),
         transfer=TransferSettings(),
-        log=LogSettings(level="info", format="json", pjsip_level=1),
+        log=LogSettings(level="info", format="auto", pjsip_level=1),
         faults=FaultSettings(crash_at=""),
         tools=(
             ToolSettings(

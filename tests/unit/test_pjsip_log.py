@@ -1,0 +1,69 @@
+"""telephony/pjsip_log.py: PJSIP's lines in voicegate's log, at the right level, masked, and
+never a SIP message at info. (That the server's stdout gets none of them, from the library's
+first line on, is tests/integration/test_log_output.py.)"""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import pytest
+
+from telephony.pjsip_log import LogWriter, emit, logging_level
+
+CALLER = "+15550100123"
+
+
+@pytest.mark.parametrize(
+    ("pjsip_level", "level"),
+    [
+        (0, logging.CRITICAL),
+        (1, logging.ERROR),
+        (2, logging.WARNING),
+        (3, logging.INFO),
+        (4, logging.DEBUG),
+        (5, logging.DEBUG),
+        (6, logging.DEBUG),
+    ],
+)
+def test_pjsip_levels_map_to_loggings(pjsip_level: int, level: int) -> None:
+    assert logging_level(pjsip_level) == level
+
+
+def test_a_line_is_its_text_with_the_sender_as_a_field(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="pjsip")
+    emit(3, "          pjsua_core.c pjsua version 2.15.1 for Linux initialized\n")
+    (record,) = caplog.records
+    assert (record.name, record.levelno) == ("pjsip", logging.INFO)
+    assert record.getMessage() == "pjsua version 2.15.1 for Linux initialized"
+    assert record.__dict__["src"] == "pjsua_core.c"
+
+
+def test_a_sip_message_is_debug_and_masked(caplog: pytest.LogCaptureFixture) -> None:
+    message = (
+        "pjsua_core.c RX 412 bytes Request msg INVITE/cseq=1 from UDP 127.0.0.1:5070:\n"
+        f"INVITE sip:{CALLER}@127.0.0.1:5060 SIP/2.0\r\n"
+        f'From: "{CALLER}" <sip:{CALLER}@127.0.0.1:5070>;tag=1\r\n'
+        "--end msg--"
+    )
+    caplog.set_level(logging.INFO, logger="pjsip")
+    LogWriter().write(SimpleNamespace(level=4, msg=message))
+    assert not caplog.records, "a SIP message was logged at info"
+    caplog.set_level(logging.DEBUG, logger="pjsip")
+    LogWriter().write(SimpleNamespace(level=4, msg=message))
+    (record,) = caplog.records
+    assert record.levelno == logging.DEBUG
+    assert "RX 412 bytes Request msg INVITE" in record.getMessage()
+    assert CALLER not in record.getMessage() and CALLER[1:] not in record.getMessage()
+
+
+def test_a_line_below_the_loggers_level_costs_no_masking(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def fail(text: str) -> str:
+        raise AssertionError("masked a line nobody logs")
+
+    monkeypatch.setattr("telephony.pjsip_log.mask_text", fail)
+    caplog.set_level(logging.INFO, logger="pjsip")
+    emit(5, "conference.c Creating conference bridge with 254 ports")
+    assert not caplog.records
