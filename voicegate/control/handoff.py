@@ -26,7 +26,8 @@ def _heard_last(events: list[EventRecord]) -> dict[str, Any]:
     ``say`` effect that queued it; its ``heard_ms`` is null while nothing says it was cut (it
     played out, or is still playing), and the ``prompt_cut`` written before the step that cut it
     says how much was heard. A line cut before a word of it played was never heard: what came
-    before it stays the last thing heard.
+    before it stays the last thing heard. A response cut with no record of what was heard (a
+    log older than that record) is named with ``heard_ms`` null.
     """
     heard: list[dict[str, Any]] = []
     for record in events:
@@ -61,7 +62,19 @@ def _heard_last(events: list[EventRecord]) -> dict[str, Any]:
             else:
                 heard.append(line)
         for effect in record.effects:
-            if effect.get("kind") == "say":
+            if effect.get("kind") == "cancel_response":
+                # A cut with nothing recorded before it (a log written before issue 35, or a
+                # call with no media to measure): which response, not how much of it.
+                heard.append(
+                    {
+                        "prompt": None,
+                        "response_id": effect.get("response_id"),
+                        "heard_ms": None,
+                        "interrupted": True,
+                        "at": record.at,
+                    }
+                )
+            elif effect.get("kind") == "say":
                 heard.append(
                     {
                         "prompt": effect.get("prompt"),
