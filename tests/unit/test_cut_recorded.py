@@ -306,3 +306,15 @@ async def test_a_response_that_played_out_is_not_cut_again(call: Call) -> None:
     await call.steps.settled()
     assert call.types()[-2:] == ["response_finished", "caller_hangup"]
     assert call.cuts_told() == []
+
+
+async def test_a_response_the_call_stopped_tracking_is_still_recorded_when_the_session_cuts_it(
+    call: Call,
+) -> None:
+    response_id = call.speak()
+    call.responses.forget()  # the call let go of it; the session and the playout have not
+    call.steps.apply(sev.MediaLost())
+    await call.steps.settled()
+    assert call.types()[-2:] == ["response_interrupted", "media_lost"]
+    assert call.records()[-2].payload == {"response_id": response_id, "heard_ms": PULLED * 20}
+    assert [(c.response_id, c.reason) for c in call.cuts_told()] == [(response_id, "media")]

@@ -246,6 +246,11 @@ class Responses:
         generation = playout.generation
         cut_now = playout.interrupt(max(generation, session.state.playback_generation) + 1)
         self.tell_cut(cut_now, generation, cut.reason)
+        # The session's response, though this call had stopped tracking it: recorded all the
+        # same (nothing else would say how much of it was heard).
+        heard = next((c.heard_ms for c in cut_now if c.response_id == cut.response_id), None)
+        if cut.response_id is not None and heard is not None:
+            self._steps.try_apply(sev.ResponseInterrupted(cut.response_id, heard))
         self._lines_cut(cut_now)
 
     def _lines_cut(self, cut: list[Interrupted]) -> None:
