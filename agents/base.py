@@ -350,9 +350,10 @@ class Agent:
             await self.on_tool_result(result)
 
     async def on_response_interrupted(self, heard_ms: int) -> None:
-        """Your response was cut (the caller barged in, or :meth:`Response.cancel`):
-        the caller heard its first ``heard_ms`` milliseconds; truncate what you remember of it
-        to that."""
+        """Your response was cut, whoever cut it (the caller barged in, :meth:`Response.cancel`,
+        or the session: lost media, a transfer, a dropped link, the end of the call; the reason
+        comes with :meth:`on_playback_cut`): the caller heard its first ``heard_ms``
+        milliseconds; truncate what you remember of it to that."""
 
     async def on_false_interruption(self, heard_ms: int) -> None:
         """Your response was cut by caller audio that did not become a caller turn within
@@ -374,9 +375,10 @@ class Agent:
         """A mark has its outcome: played (the caller heard up to it) or cleared."""
 
     async def on_playback_cut(self, cut: PlaybackCut) -> None:
-        """One of your responses was cut, by whatever cut it: barge-in and cancel (also told
-        through :meth:`on_response_interrupted`) and every cut the session makes itself (lost
-        media, a transfer, a dropped link, a timeout, the end of the call)."""
+        """One of your responses was cut, by whatever cut it: barge-in and cancel, and every
+        cut the session makes itself (lost media, a transfer, a dropped link, a timeout, the end
+        of the call); the current response's cut is also told through
+        :meth:`on_response_interrupted`."""
 
     async def on_gate(self, change: GateChange) -> None:
         """The side-effect gate moved: while it is not ``open`` a tool request is refused."""

@@ -339,8 +339,11 @@ class ResponseStarted(Event):
 
 @dataclass(frozen=True, slots=True)
 class ResponseInterrupted(Event):
-    """The active response was cut before it played out: a barge-in (speech or a key), the agent's
-    cancel, or the server shutting down; ``heard_ms`` of it had been heard. The agent is told."""
+    """The active response was cut before it played out, whoever cut it: a barge-in (speech or a
+    key), the agent's cancel, the server shutting down, or a step of the session's own that cuts
+    playback (lost media, a re-INVITE, a transfer started by the API, the agent or a key, a
+    dropped agent link, a hang-up by either side, any other ending), written just before that
+    step; ``heard_ms`` of it had been heard. The agent is told."""
 
     type: ClassVar[str] = "response_interrupted"
     response_id: str = ""
@@ -356,6 +359,19 @@ class BargeInJudged(Event):
     type: ClassVar[str] = "barge_in_judged"
     response_id: str = ""
     outcome: str = ""
+    heard_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PromptCut(Event):
+    """A line of the session's own (a prompt it said: "one moment", "I could not reach a
+    colleague", a shutdown notice) was cut before it played out, by whatever cut the playout,
+    written just before the step that cuts it; ``heard_ms`` of it had been heard. A record only:
+    the line is not the agent's, so the agent is not told."""
+
+    type: ClassVar[str] = "prompt_cut"
+    say_id: str = ""  # the line's id in the playout: say1, say2, ...
+    prompt: str = ""  # the prompt's name
     heard_ms: int = 0
 
 
@@ -572,6 +588,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         ResponseStarted,
         ResponseInterrupted,
         BargeInJudged,
+        PromptCut,
         ResponseFinished,
         ToolIntent,
         ToolRequestSent,

@@ -40,7 +40,7 @@ from session import events as ev
 from session.deadlines import Timer, arm, arm_no_input, drop, drop_all, forget
 from session.errors import GateClosed, IllegalTransition, SessionTerminated
 from session.gate import require_open, set_gate
-from session.playback import bump_generation, cut_playback, end_response
+from session.playback import bump_generation, cut_playback, end_response, on_prompt_cut
 from session.recovery import (
     dialog_gone,
     finished,
@@ -770,6 +770,7 @@ TRANSITIONS: Mapping[type[ev.Event], Rule[Any]] = {rule.event: rule for rule in 
     Rule(ev.ResponseInterrupted, AFTER_OFFER, _on_response_interrupted),
     Rule(ev.ResponseFinished, AFTER_OFFER, _on_response_finished),
     Rule(ev.BargeInJudged, AFTER_OFFER, _on_barge_in_judged),
+    Rule(ev.PromptCut, AFTER_OFFER, on_prompt_cut),
     # side effects: receipts still settle after the owner is lost (reconciliation)
     Rule(ev.ToolIntent, CALL_UP, _on_tool_intent, _NOT_UP),
     Rule(ev.ToolRequestSent, AFTER_OFFER, _on_tool_request_sent),

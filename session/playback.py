@@ -11,7 +11,7 @@ from dataclasses import replace
 
 from session import effects as fx
 from session.errors import IllegalTransition
-from session.events import Event
+from session.events import Event, PromptCut
 from session.state import SessionState
 
 
@@ -38,3 +38,11 @@ def end_response(state: SessionState, event: Event, response_id: str) -> Session
     if turn is not None and turn.turn_id == state.response.turn_id:
         turn = None
     return replace(state, response=None, turn=turn)
+
+
+def on_prompt_cut(
+    state: SessionState, event: PromptCut, now: float
+) -> tuple[SessionState, fx.Effects]:
+    """A record for the log and the handoff: the session's lines are not a state of the machine,
+    and the cut itself is the step written after it."""
+    return state, []

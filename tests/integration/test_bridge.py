@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.integration.harness import LOOPBACK, Server, ServerFactory, Sipp, free_port, wait_for
+from tests.integration.heard import check_heard_last, cut_before, first_response
 from tests.integration.resume_handles import away_session, check_sent_handle
 from tests.integration.rtp_capture import Capture, RtpPacket
 
@@ -184,6 +185,34 @@ def test_the_demo_agents_key_0_bridges_when_bridge_is_the_default_mode_and_the_t
     assert started == [{"target": target, "mode": "bridge"}]
     assert _types(session)[-2:] == ["bridge_up", "bridge_ended"]
     assert server.metric("voicegate_transfers_total", mode="bridge", outcome="completed") == 1
+
+
+def test_a_bridge_the_api_starts_during_the_greeting_records_what_the_caller_heard_of_it(
+    server_factory: ServerFactory, tmp_path: Path
+) -> None:
+    port = free_port()
+    # This desk answers, talks for 5 s and hangs up itself; the caller never speaks (no
+    # barge-in): only the transfer cuts the greeting.
+    desk = Sipp("uas-answer.xml", "", tmp_path / "desk", port=port).start()
+    server = server_factory(**ENV)
+    caller = Sipp("uac-silent-caller.xml", server.sip_target, tmp_path).start()
+    call_id = _answered_call(server)  # the greeting is playing
+    status, body = server.post_json(
+        f"/v1/calls/{call_id}/transfer",
+        {"target": f"sip:desk@{LOOPBACK}:{port}", "mode": "bridge"},
+    )
+    assert status == 202, body
+    assert desk.wait() == 0, desk.errors()
+    assert caller.wait() == 0, caller.errors()  # our BYE, after the desk's
+    session = _ended(server, call_id)
+    assert session["ended"]["reason"] == "bridged: the target hung up"
+    # The greeting's cut is in the log just before the transfer, with what the caller heard of
+    # it (issue 35: it was not, and the handoff's heard_last was all null).
+    cut = cut_before(session, "transfer_started")
+    assert cut["type"] == "response_interrupted", cut
+    assert cut["payload"]["response_id"] == first_response(session)
+    assert _types(session).count("response_interrupted") == 1  # recorded once
+    check_heard_last(server, call_id, cut)
 
 
 def test_a_busy_target_takes_the_caller_back_to_the_agent_with_an_honest_line(

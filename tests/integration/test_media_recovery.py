@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.integration.harness import Server, ServerFactory, Sipp, wait_for
+from tests.integration.heard import check_heard_last, cut_before
 
 PRODUCT_GAP = {"VOICEGATE_MEDIA_GAP_THRESHOLD_S": "1"}
 
@@ -38,6 +39,11 @@ def test_a_5_s_gap_recovers_with_the_dialog_intact(
     restored = next(e for e in session["events"] if e["type"] == "media_restored")
     # 5 s without RTP, detected after the 1 s threshold (polled every 200 ms).
     assert 3.5 <= restored["at"] - lost["at"] <= 5.5
+    # The gap cut the agent's response to the caller's turn (the menu, playing when the RTP
+    # stopped): what the caller heard of it is written just before media_lost (issue 35).
+    cut = cut_before(session, "media_lost")
+    assert cut["type"] == "response_interrupted", cut
+    assert cut["payload"]["response_id"] == _last_started_before(session, lost)
     kinds = [x["kind"] for x in lost["effects"]]
     # One step: freeze, cut, new generation, recovery with its deadline.
     assert "clear_playout" in kinds and "start_recovery" in kinds
@@ -50,6 +56,16 @@ def test_a_5_s_gap_recovers_with_the_dialog_intact(
     assert session["ended"]["terminal_state"] == "completed"
     assert server.metric("voicegate_recoveries_total", kind="media", outcome="recovered") == 1
     assert server.metric("voicegate_gate_frozen_seconds_total") >= 3.5
+
+
+def _last_started_before(session: dict[str, Any], event: dict[str, Any]) -> str:
+    started = [
+        e["payload"]["response_id"]
+        for e in session["events"]
+        if e["type"] == "response_started" and e["seq"] < event["seq"]
+    ]
+    assert started, _types(session)
+    return started[-1]
 
 
 def test_a_30_s_gap_ends_timed_out_with_a_bye(
@@ -118,6 +134,18 @@ def test_a_handover_reinvite_keeps_the_call_and_moves_the_rtp(
     assert types.count("reinvite_started") == 1 and types.count("reinvite_finished") == 1
     started = next(e for e in session["events"] if e["type"] == "reinvite_started")
     finished = next(e for e in session["events"] if e["type"] == "reinvite_finished")
+    # The re-INVITE came during the greeting, and the caller hung up during the answer to their
+    # turn: each cut is written just before the step that made it, with what the caller heard
+    # (issue 35), and the last one is the handoff's heard_last.
+    cut = cut_before(session, "reinvite_started")
+    assert cut["type"] == "response_interrupted", cut
+    assert cut["payload"]["response_id"] == _last_started_before(session, started)
+    hangup = session["events"][-1]
+    assert hangup["type"] == "caller_hangup", types
+    last_cut = cut_before(session, "caller_hangup")
+    assert last_cut["type"] == "response_interrupted", last_cut
+    assert last_cut["payload"]["response_id"] == _last_started_before(session, hangup)
+    check_heard_last(server, session["session_id"], last_cut)
     assert [x["outcome"] for x in finished["effects"] if x["kind"] == "recovery_finished"] == [
         "recovered"
     ]

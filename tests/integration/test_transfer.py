@@ -9,6 +9,7 @@ from typing import Any
 
 from session.state import AWAY_STATUS
 from tests.integration.harness import Provider, Server, ServerFactory, Sipp, free_port, wait_for
+from tests.integration.heard import check_heard_last, cut_before, first_response
 from tests.integration.resume_handles import away_session, check_sent_handle
 from tests.secret_audit import AUDIT
 
@@ -90,6 +91,26 @@ def test_a_blind_transfer_completes_after_the_final_notify_with_the_context_on_t
     assert "BYE was answered" in lingered[0]["why"]
     assert server.metric("voicegate_dialogs_ended_locally_total") == 0
     assert not [e for e in server.log_events() if e.get("event") == "sip.dialog_ended_locally"]
+
+
+def test_a_blind_transfer_the_api_starts_during_the_greeting_records_what_the_caller_heard(
+    server_factory: ServerFactory, tmp_path: Path
+) -> None:
+    server = server_factory(**ENV)
+    sipp = Sipp("uac-transfer-blind-api.xml", server.sip_target, tmp_path).start()
+    call_id = _answered_call(server)  # the greeting is playing
+    status, body = server.post_json(f"/v1/calls/{call_id}/transfer", {"target": CC})
+    assert status == 202, body
+    assert sipp.wait() == 0, sipp.errors()
+    session = away_session(server)
+    # The transfer cut the greeting: what the caller heard of it is written just before the
+    # transfer (issue 35: it was not written at all, and the handoff's heard_last was null).
+    cut = cut_before(session, "transfer_started")
+    assert cut["type"] == "response_interrupted", cut
+    assert cut["payload"]["response_id"] == first_response(session)
+    assert len(_events(session, "response_interrupted")) == 1  # recorded once
+    handoff = check_heard_last(server, session["session_id"], cut)
+    assert handoff["why"] == "transferred"
 
 
 def test_an_away_session_ends_within_a_heartbeat_of_its_time(

@@ -926,6 +926,7 @@ SAMPLES: list[ev.Event] = [
     ev.ResponseStarted("r1", "t1"),
     ev.ResponseInterrupted("r1", 250),
     ev.BargeInJudged("r1", "false", 250),
+    ev.PromptCut("say2", "reconnecting", 640),
     ev.ResponseFinished("r1", 900),
     ev.ToolIntent("k1", "book", "read", "abc", "t1"),
     ev.ToolRequestSent("k1"),

@@ -170,6 +170,12 @@ def blind_strategies(generation: int, current_attempt: int) -> EventStrategies:
             outcome=st.sampled_from(["confirmed", "false", "bogus"]),
             heard_ms=st.just(120),
         ),
+        ev.PromptCut: st.builds(
+            ev.PromptCut,
+            say_id=st.sampled_from(["say1", "say2"]),
+            prompt=st.sampled_from(["reconnecting", "still_there"]),
+            heard_ms=st.sampled_from([0, 640]),
+        ),
         ev.ToolIntent: st.builds(
             ev.ToolIntent,
             key=keys,

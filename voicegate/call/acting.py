@@ -24,6 +24,7 @@ from session.machine import IllegalTransition
 from session.store import LeaseLost, StoreError
 from voicegate.call.call_state import CallState
 from voicegate.call.clock import SessionClock
+from voicegate.call.cuts import SessionCut, cut_ahead
 from voicegate.call.executor import EffectTarget, execute, split_in_process
 from voicegate.call.services import CallServices
 
@@ -64,6 +65,9 @@ class SessionSteps:
         self._target: EffectTarget | None = None
         self.last_write: Future[None] | None = None
         self.halted: StoreError | None = None  # lease lost, or the store failed
+        # Cuts the playout and records what the caller heard of it, just before a step that
+        # cuts playback itself (voicegate/call/responses.py ``Responses.cut_for_session``).
+        self.before_cut: Callable[[SessionCut], None] = lambda cut: None
 
     def attach(self, target: EffectTarget) -> None:
         """The call's actions, which effects map onto; given once, before the first step (they
@@ -77,6 +81,12 @@ class SessionSteps:
             return []
         if self.halted is not None:
             raise self.halted  # another process's now, or unwritable: write nothing
+        cut = self._cut_ahead(event)
+        if cut is not None:
+            # Every cut records what the caller heard, whoever cut it: the event ends the
+            # response inside the machine, so the record (response_interrupted, prompt_cut)
+            # goes first, from the playout cut here (issue 35).
+            self.before_cut(cut)
         try:
             effects, write = session.apply_through(self._services.writer, event, self._clock.now())
         except IllegalTransition as exc:
@@ -91,8 +101,27 @@ class SessionSteps:
             raise
         if write is not None:
             self.last_write = write
+        if (
+            cut is not None
+            and cut.stops_generation
+            and not any(isinstance(effect, fx.StopGeneration) for effect in effects)
+        ):
+            # The agent is still told to stop, as the step would have told it had its response
+            # not been recorded cut just before (the response_interrupted step does not say it).
+            effects = [fx.StopGeneration(), *effects]
         self._execute(effects, write)
         return effects
+
+    def _cut_ahead(self, event: sev.Event) -> SessionCut | None:
+        """What ``event`` will cut of what is playing, found by stepping it on the current state
+        without keeping the result (voicegate/call/cuts.py); None when nothing plays."""
+        session, channel = self._state.session, self._state.channel
+        if session is None:
+            return None
+        playing = channel is not None and channel.playout.playing is not None
+        if session.state.response is None and not playing:
+            return None  # nothing to cut: most steps stop here, stepped once
+        return cut_ahead(session.state, event, self._clock.now())
 
     def try_apply(self, event: sev.Event) -> bool:
         """:meth:`apply`, saying whether the session took the event."""

@@ -56,8 +56,9 @@ class CallActions:
     def clear_playout(self, generation: int) -> None:
         channel = self._state.channel
         if channel is not None and generation > channel.playout.generation:
-            # A cut the session makes itself (a barge-in or a cancel has cut the playout
-            # already, so it never gets here): the agent hears of it like of a barge-in.
+            # A cut the session makes itself. Whatever played was cut, and what the caller heard
+            # of it recorded, just before this step (voicegate/call/cuts.py), as a barge-in or
+            # a cancel cuts before theirs; so this normally finds nothing left to tell.
             was = channel.playout.generation
             self._responses.tell_cut(channel.playout.interrupt(generation), was, self._cut_reason())
         # Nothing queued before the clear may continue: the next chunk opens a new response.

@@ -120,6 +120,7 @@ class LiveCall:
         self._responses = Responses(
             state, services, steps, may_play=lambda: self._hangup.plan is None, post=post
         )
+        steps.before_cut = self._responses.cut_for_session
         self._hangup = HangingUp(state, services, steps)
         self._turns = CallerTurns(state, services, steps, self._responses, self._hangup)
         self._sip = SipEvents(state, services, steps, self._responses, self._hangup)

@@ -120,6 +120,9 @@ def read_back(store: SessionStore, session_id: str) -> tuple[tuple[ToolResult, .
                 results.append(ToolResult(tool, key, receipt.outcome, dict(receipt.detail), True))
         elif record.type in ("response_finished", "response_interrupted"):
             heard_last = f"response {record.payload.get('response_id', '')}"
+        elif record.type == "prompt_cut" and record.payload.get("heard_ms"):
+            # A line cut part-way (a line cut before a word of it is left out: never heard).
+            heard_last = f"prompt {record.payload.get('prompt', '')}"
         for effect in record.effects:
             if effect.get("kind") == "say":
                 heard_last = f"prompt {effect.get('prompt', '')}"

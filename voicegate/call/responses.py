@@ -26,6 +26,7 @@ from audio.playout import Interrupted
 from session import events as sev
 from voicegate.call.acting import SessionSteps
 from voicegate.call.call_state import CallPhase, CallState
+from voicegate.call.cuts import SessionCut
 from voicegate.call.notices import AgentNotice
 from voicegate.call.services import CallServices
 
@@ -91,6 +92,9 @@ class Responses:
         self._post = post
         self._responses = 0
         self._says = 0
+        # The prompt each of the session's lines in the playout plays, by its say id (a cut of
+        # one is recorded by that name); hold audio has none, it is not a line.
+        self._lines: dict[str, str] = {}
         # The response the session knows as current, until it drained or was cut; ``open``
         # while it may still take audio (the handle is alive).
         self.response_id: str | None = None
@@ -224,7 +228,37 @@ class Responses:
             heard = playout.heard_ms(response_id)
         self.response_id, self.open = None, False
         self._steps.try_apply(sev.ResponseInterrupted(response_id, heard))
+        self._lines_cut(cut)
         return heard
+
+    def cut_for_session(self, cut: SessionCut) -> None:
+        """The next session step cuts playback itself (an interruption or an ending,
+        voicegate/call/cuts.py): cut it here first, record what the caller heard (the
+        response's ``response_interrupted``, a line's ``prompt_cut``) and tell the agent (one
+        PlaybackCut with ``cut.reason``); the step's own clear then finds nothing left to cut."""
+        if cut.response_id is not None and cut.response_id == self.response_id:
+            self.interrupt(reason=cut.reason)
+            return
+        channel, session = self._state.channel, self._state.session
+        if channel is None or session is None or channel.playout.playing is None:
+            return
+        playout = channel.playout
+        generation = playout.generation
+        cut_now = playout.interrupt(max(generation, session.state.playback_generation) + 1)
+        self.tell_cut(cut_now, generation, cut.reason)
+        # The session's response, though this call had stopped tracking it: recorded all the
+        # same (nothing else would say how much of it was heard).
+        heard = next((c.heard_ms for c in cut_now if c.response_id == cut.response_id), None)
+        if cut.response_id is not None and heard is not None:
+            self._steps.try_apply(sev.ResponseInterrupted(cut.response_id, heard))
+        self._lines_cut(cut_now)
+
+    def _lines_cut(self, cut: list[Interrupted]) -> None:
+        """Record each of the session's lines a cut ended (the agent is not told: not its)."""
+        for one in cut:
+            prompt = self._lines.pop(one.response_id, None)
+            if prompt is not None:
+                self._steps.try_apply(sev.PromptCut(one.response_id, prompt, one.heard_ms))
 
     def tell_cut(self, cut: list[Interrupted], generation: int, reason: str) -> None:
         """Tell the agent of each of its responses a cut ended (never the session's own lines:
@@ -243,6 +277,7 @@ class Responses:
 
     def drained(self, response_id: str, heard_ms: int) -> None:
         """The playout sent the last of ``response_id``: the session records it finished."""
+        self._lines.pop(response_id, None)  # a line played out: nothing of it is cut any more
         if response_id == self.response_id and not self.open:
             self.response_id = None
             self._steps.try_apply(sev.ResponseFinished(response_id, heard_ms))
@@ -252,10 +287,11 @@ class Responses:
         channel = self._state.channel
         if channel is None or self._state.phase is not CallPhase.ANSWERED:
             return
-        self.say_audio(self._services.prompt(prompt, channel.rate))
+        self.say_audio(self._services.prompt(prompt, channel.rate), line=prompt)
 
-    def say_audio(self, samples: NDArray[np.int16]) -> None:
-        """Audio of the session's own (a line, hold audio) at the call's rate, queued now."""
+    def say_audio(self, samples: NDArray[np.int16], line: str | None = None) -> None:
+        """Audio of the session's own at the call's rate, queued now: the prompt ``line``, or
+        (None) hold audio."""
         channel = self._state.channel
         if channel is None or self._state.phase is not CallPhase.ANSWERED:
             return
@@ -267,6 +303,8 @@ class Responses:
             self.open = False
         self._says += 1
         say_id = f"say{self._says}"
+        if line is not None:
+            self._lines[say_id] = line
         playout.begin(say_id, playout.generation)
         playout.admit(say_id, playout.generation, samples)
         playout.finish(say_id)

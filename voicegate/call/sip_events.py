@@ -75,15 +75,15 @@ class SipEvents:
         if health == "interrupted":
             self._services.metrics.media_gaps.inc()
         if health == "interrupted" and state.media.value == "flowing":
-            self._responses.forget()
+            # The step cuts the response; what the caller heard of it is recorded just before
+            # (voicegate/call/acting.py), so it is not forgotten here.
             self._steps.try_apply(sev.MediaLost())
         elif health in ("flowing", "held") and state.media.value == "interrupted":
             self._steps.try_apply(sev.MediaRestored(current_generation(state)))
 
     def reinvite_started(self) -> None:
         if self._state.phase is CallPhase.ANSWERED:
-            self._responses.forget()
-            self._steps.try_apply(sev.ReinviteStarted())
+            self._steps.try_apply(sev.ReinviteStarted())  # cut as MediaLost is
 
     def reinvite_finished(self, ok: bool) -> None:
         state = self._state.session_state
