@@ -113,6 +113,8 @@ class Contract:
             if status not in (404, 405):
                 what = "no path" if route is None else f"no {method.upper()} on {route.template}"
                 return [f"the document has {what}, yet the answer is {status}, not 404 or 405"]
+            if method.upper() == "HEAD":
+                return []  # an answer to HEAD has no body (RFC 9110 section 9.3.2)
             return self._body_problems(
                 {"$ref": "#/components/schemas/Error"},
                 "/components/schemas/Error",
