@@ -17,12 +17,14 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from email.message import Message
 from pathlib import Path
 from typing import Any, TypeVar
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from session.store import SessionStore
+from tests.contract import check_answer
 from tests.secret_audit import AUDIT
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -156,6 +158,26 @@ def stop_every_sipp() -> None:
         _started_sipps.pop().kill()
 
 
+@dataclass(frozen=True)
+class Answer:
+    """One answer of a server's HTTP API, as received."""
+
+    status: int
+    headers: Message
+    body: bytes
+
+    @property
+    def content_type(self) -> str:
+        return str(self.headers.get("Content-Type", ""))
+
+    @property
+    def text(self) -> str:
+        return self.body.decode(errors="replace")
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
 @dataclass
 class Server:
     """A ``voicegate serve`` subprocess on free loopback ports with its own data directory."""
@@ -244,57 +266,65 @@ class Server:
         key = self.api_key if key is None else key
         return {"Authorization": f"Bearer {key}"} if key else {}
 
-    def http(self, path: str, *, key: str | None = None) -> tuple[int, Any]:
-        """GET ``path`` with ``key`` (default: :attr:`api_key`; "" sends none)."""
-        url = f"http://{self.host}:{self.http_port}{path}"
-        request = urllib.request.Request(url, headers=self._headers(key))
-        try:
-            with urllib.request.urlopen(request, timeout=5) as response:
-                body = response.read()
-                status = response.status
-                ctype = response.headers.get("Content-Type", "")
-        except urllib.error.HTTPError as exc:
-            body, status, ctype = exc.read(), exc.code, exc.headers.get("Content-Type", "")
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            return 0, None
-        text = body.decode(errors="replace")
-        if path.startswith("/metrics"):
-            AUDIT.record_latest(f"GET {path} of {self.log_path}", text)
-        elif status >= 400:
-            AUDIT.record(f"GET {path} -> {status} ({self.log_path})", text)
-        decoded = json.loads(body) if "json" in ctype else body.decode()
-        AUDIT.learn(decoded, f"GET {path}")
-        return status, decoded
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        data: bytes | None = None,
+        headers: dict[str, str] | None = None,
+        key: str | None = None,
+    ) -> Answer | None:
+        """Send one request to this server's API; None if nothing answered.
 
-    def post(self, path: str, *, key: str | None = None) -> int:
+        Every test's HTTP exchange with voicegate goes through here, so every answer is checked
+        against docs/openapi.yaml (tests/contract.py): a mismatch fails the test that asked.
+        """
         request = urllib.request.Request(
             f"http://{self.host}:{self.http_port}{path}",
-            data=b"",
-            method="POST",
-            headers=self._headers(key),
+            data=data,
+            method=method,
+            headers={**self._headers(key), **(headers or {})},
         )
         try:
             with urllib.request.urlopen(request, timeout=5) as response:
-                return int(response.status)
+                answer = Answer(int(response.status), response.headers, response.read())
         except urllib.error.HTTPError as exc:
-            AUDIT.record(f"POST {path} -> {exc.code} ({self.log_path})", exc.read().decode())
-            return int(exc.code)
+            answer = Answer(int(exc.code), exc.headers, exc.read())
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            return None
+        check_answer(method, path, answer.status, answer.content_type, answer.body)
+        if answer.status >= 400:
+            AUDIT.record(f"{method} {path} -> {answer.status} ({self.log_path})", answer.text)
+        return answer
+
+    def http(self, path: str, *, key: str | None = None) -> tuple[int, Any]:
+        """GET ``path`` with ``key`` (default: :attr:`api_key`; "" sends none)."""
+        answer = self.request("GET", path, key=key)
+        if answer is None:
+            return 0, None
+        if path.startswith("/metrics"):
+            AUDIT.record_latest(f"GET {path} of {self.log_path}", answer.text)
+        decoded = answer.json() if "json" in answer.content_type else answer.text
+        AUDIT.learn(decoded, f"GET {path}")
+        return answer.status, decoded
+
+    def post(self, path: str, *, key: str | None = None) -> int:
+        answer = self.request("POST", path, data=b"", key=key)
+        assert answer is not None, f"POST {path}: nothing answered"
+        return answer.status
 
     def post_json(self, path: str, body: object, *, key: str | None = None) -> tuple[int, Any]:
         """POST ``body`` as JSON; the status and the decoded JSON answer."""
-        request = urllib.request.Request(
-            f"http://{self.host}:{self.http_port}{path}",
+        answer = self.request(
+            "POST",
+            path,
             data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json", **self._headers(key)},
-            method="POST",
+            headers={"Content-Type": "application/json"},
+            key=key,
         )
-        try:
-            with urllib.request.urlopen(request, timeout=5) as response:
-                return int(response.status), json.loads(response.read())
-        except urllib.error.HTTPError as exc:
-            text = exc.read().decode()
-            AUDIT.record(f"POST {path} -> {exc.code} ({self.log_path})", text)
-            return int(exc.code), json.loads(text)
+        assert answer is not None, f"POST {path}: nothing answered"
+        return answer.status, answer.json()
 
     def live_calls(self) -> list[dict[str, Any]]:
         status, body = self.http("/v1/calls")

@@ -13,14 +13,22 @@ from typing import Any
 
 import pytest
 import schemathesis
+import yaml
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import positive_data_acceptance
 
 from tests.integration.harness import LOOPBACK, Server
 
 DOCUMENT = Path(__file__).resolve().parents[2] / "docs" / "openapi.yaml"
-# /v1/pool is the pool supervisor's alone (x-voicegate-apps); this server is one process.
-schema = schemathesis.openapi.from_path(DOCUMENT).exclude(path="/v1/pool")
+# This server is one process: the paths the pool supervisor alone serves (x-voicegate-apps:
+# /v1/pool, /v1/cluster) are unknown here, so any method on them is a 404, not the 405 that
+# schemathesis expects for a method a documented path does not take.
+POOL_ONLY = [
+    path
+    for path, item in yaml.safe_load(DOCUMENT.read_text())["paths"].items()
+    if "process" not in item["x-voicegate-apps"]
+]
+schema = schemathesis.openapi.from_path(DOCUMENT).exclude(path=POOL_ONLY)
 
 # pytest runs with -W error. Schemathesis's pytest plugin and hypothesis warn about things that
 # are not failures of the API: hypothesis that a test uses a function-scoped fixture (the server

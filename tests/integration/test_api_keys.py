@@ -6,14 +6,12 @@ same rules; and an API bound beyond loopback with no key refuses to start (exit 
 from __future__ import annotations
 
 import hashlib
-import json
 import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 
 from session.store.sqlite import SqliteSessionStore
-from tests.integration.harness import LOOPBACK, ROOT, Server, ServerFactory, Sipp, wait_for
+from tests.integration.harness import ROOT, Server, ServerFactory, Sipp, wait_for
 from tests.integration.test_pool import pool_env
 from tests.secret_audit import AUDIT
 
@@ -44,16 +42,9 @@ def tenants_config(tmp_path: Path) -> str:
 
 
 def www_authenticate(server: Server, path: str, key: str) -> str | None:
-    request = urllib.request.Request(
-        f"http://{LOOPBACK}:{server.http_port}{path}",
-        headers={"Authorization": f"Bearer {key}"} if key else {},
-    )
-    try:
-        urllib.request.urlopen(request, timeout=5).close()
-    except urllib.error.HTTPError as exc:
-        exc.read()
-        return exc.headers.get("WWW-Authenticate")
-    return None
+    answer = server.request("GET", path, key=key)
+    assert answer is not None, f"GET {path}: nothing answered"
+    return answer.headers.get("WWW-Authenticate") if answer.status >= 400 else None
 
 
 def test_keys_let_each_tenant_see_its_own_calls_only(
@@ -153,22 +144,12 @@ def body_port(pool: Server) -> str:
 
 
 def post_for(server: Server, path: str, key: str) -> tuple[int, dict[str, object]]:
-    request = urllib.request.Request(
-        f"http://{LOOPBACK}:{server.http_port}{path}",
-        data=b"",
-        method="POST",
-        headers={"Authorization": f"Bearer {key}"} if key else {},
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=5) as response:
-            body = json.loads(response.read())
-            status = int(response.status)
-    except urllib.error.HTTPError as exc:
-        text = exc.read().decode()
-        AUDIT.record(f"POST {path} -> {exc.code}", text)
-        return int(exc.code), json.loads(text)
-    AUDIT.learn(body, f"POST {path}")  # registers the handle: no log may hold it
-    return status, body
+    answer = server.request("POST", path, data=b"", key=key)
+    assert answer is not None, f"POST {path}: nothing answered"
+    body = answer.json()
+    if answer.status < 400:
+        AUDIT.learn(body, f"POST {path}")  # registers the handle: no log may hold it
+    return answer.status, body
 
 
 def test_a_tenant_gets_a_new_resume_handle_for_its_own_open_session_only(

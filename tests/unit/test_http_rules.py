@@ -14,6 +14,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from config import load_settings
+from tests.unit.control_client import ControlClient
 from voicegate.control.http_api import make_app
 from voicegate.control.http_rules import CLIENT_MAX_SIZE, app_runner
 from voicegate.runtime import Runtime
@@ -30,7 +31,7 @@ def runtime(tmp_path: Path) -> Iterator[Runtime]:
 
 @pytest.fixture
 async def client(runtime: Runtime) -> AsyncIterator[TestClient[web.Request, web.Application]]:
-    async with TestClient(TestServer(make_app(runtime))) as client:
+    async with ControlClient(TestServer(make_app(runtime))) as client:
         yield client
 
 

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestServer
 
 from config import load_settings
+from tests.unit.control_client import ControlClient
 from voicegate.control.http_api import make_app
 from voicegate.control.pool_api import make_pool_app
 from voicegate.pool.supervisor import Supervisor
@@ -26,7 +27,7 @@ def runtime(tmp_path: Path) -> Iterator[Runtime]:
 
 
 async def _check(app: web.Application) -> None:
-    async with TestClient(TestServer(app)) as client:
+    async with ControlClient(TestServer(app)) as client:
         response = await client.get("/status")
         assert response.status == 200
         assert response.content_type == "text/html"

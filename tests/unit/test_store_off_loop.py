@@ -22,6 +22,7 @@ from session import events as sev
 from session.durable import DurableSession
 from session.store.postgres import PostgresSessionStore
 from tests.latency_proxy import LatencyProxy
+from tests.unit.control_client import ControlClient
 from voicegate.control.http_api import make_app
 from voicegate.runtime import Runtime
 
@@ -71,7 +72,7 @@ def runtime(slow_url: str, tmp_path: Path) -> Iterator[Runtime]:
 
 @pytest.fixture
 async def client(runtime: Runtime) -> AsyncIterator[TestClient[Any, Any]]:
-    async with TestClient(TestServer(make_app(runtime))) as client:
+    async with ControlClient(TestServer(make_app(runtime))) as client:
         yield client
 
 

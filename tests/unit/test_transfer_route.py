@@ -15,6 +15,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from config import load_settings
 from telephony.transfer import context_headers, refer_to, referred_uri, user_to_user
+from tests.unit.control_client import ControlClient
 from voicegate.control.http_api import make_app
 from voicegate.runtime import Runtime
 
@@ -38,7 +39,7 @@ def runtime(tmp_path: Path) -> Iterator[Runtime]:
 
 @pytest.fixture
 async def client(runtime: Runtime) -> AsyncIterator[TestClient[web.Request, web.Application]]:
-    async with TestClient(TestServer(make_app(runtime))) as client:
+    async with ControlClient(TestServer(make_app(runtime))) as client:
         yield client
 
 
