@@ -81,7 +81,7 @@ def file_error(path: Path) -> ConfigError:
         ("VOICEGATE_AGENT_KIND", "websocket", "expected one of demo, python, remote"),
         ("VOICEGATE_AGENT_CA_FILE", "/nonexistent/ca.pem", "no such file: /nonexistent/ca.pem"),
         ("VOICEGATE_LOG_LEVEL", "loud", "expected one of debug, info, warning, error"),
-        ("VOICEGATE_LOG_FORMAT", "xml", "expected one of json, text"),
+        ("VOICEGATE_LOG_FORMAT", "xml", "expected one of auto, json, text"),
         ("VOICEGATE_LOG_PJSIP_LEVEL", "7", "expected an integer from 0 to 6"),
         ("VOICEGATE_AUDIO_VAD_DETECTOR", "neural", "expected one of evidence, verdicts"),
         ("VOICEGATE_AUDIO_VAD_MARGIN_DB", "50", "expected a number from 0 to 40"),
