@@ -1,5 +1,6 @@
 """GET /status in a real headless Chromium against a running pool: it renders, shows a live SIPp
-call with its dimensions and the pool's workers, and shows the call gone once it has ended."""
+call with its dimensions and the pool's workers, and shows the call gone once it has ended; and
+against one process, a transfer in progress under "Transfers", never under "Recoveries"."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.harness import Server, ServerFactory, Sipp, wait_for
+from tests.integration.harness import LOOPBACK, Server, ServerFactory, Sipp, free_port, wait_for
 from tests.operability.peers import WORKERS, start_pool
 from voicegate.control.status_page import PAGE
 
@@ -112,3 +113,47 @@ def test_the_status_page_shows_a_live_call_and_then_its_end(
     wait_for(lambda: not pool.live_calls(), 15, "the call gone from /v1/calls")
     rows = table(status_dom(pool, profile), "calls")
     assert rows == [["no live calls"]]
+
+
+def test_a_transfer_in_progress_is_shown_as_a_transfer_not_a_recovery(
+    server_factory: ServerFactory, tmp_path: Path
+) -> None:
+    # A bridge to a desk that rings and never answers: the transfer stays in its first stage
+    # while the page is read (its guard is 60 s away).
+    port = free_port()
+    desk = Sipp("uas-no-answer.xml", "", tmp_path / "desk", port=port).start()
+    server = server_factory(VOICEGATE_TRANSFER_ALLOWED_TARGETS="sip:desk@127.0.0.1:*")
+    caller = Sipp("uac-wait-for-bye.xml", server.sip_target, tmp_path / "caller").start()
+    try:
+        (call,) = wait_for(
+            lambda: [c for c in server.live_calls() if c["state"] == "answered"],
+            15,
+            "an answered call",
+        )
+        call_id = call["call_id"]
+        status, body = server.post_json(
+            f"/v1/calls/{call_id}/transfer",
+            {"target": f"sip:desk@{LOOPBACK}:{port}", "mode": "bridge"},
+        )
+        assert status == 202, body
+        dom = status_dom(server, tmp_path / "chromium-profile")
+        (row,) = table(dom, "transfers")
+        assert row[:2] == [call_id, "transferring (bridge, calling)"], row
+        assert table(dom, "recoveries") == [["no recovery in progress"]]
+        assert pool_hidden(dom)
+        # An operator hangs up while the desk rings: the desk's leg is cancelled, and the
+        # transfer is timed as one the session's ending cut short.
+        assert server.post(f"/v1/calls/{call_id}/hangup") == 202
+        assert caller.wait() == 0, caller.errors()
+        assert desk.wait() == 0, desk.errors()  # CANCEL, 200, 487, ACK
+    finally:
+        caller.kill()
+        desk.kill()
+    timed = server.metric(
+        "voicegate_transfer_duration_seconds_count", mode="bridge", outcome="ended"
+    )
+    assert timed == 1, server.log()[-3000:]
+
+
+def pool_hidden(dom: str) -> bool:
+    return '<section id="pool" hidden' in dom

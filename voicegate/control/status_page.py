@@ -2,7 +2,8 @@
 
 No build step and nothing from a CDN: the CSS and JavaScript are inline, and the page reads the
 same JSON API an operator would curl (docs/runbooks/README.md): ``/v1/calls``, open sessions (with
-each one's dimensions and recovery from ``/v1/sessions/{id}``), sessions ended ``needs_human``,
+each one's dimensions, recovery and transfer from ``/v1/sessions/{id}``), sessions ended
+``needs_human``,
 ``/v1/pool`` where there is one (a single process answers it 404 and the section is hidden), and
 ``/v1/cluster`` on a node of a cluster (docs/cluster.md; elsewhere 404, and hidden).
 It refreshes itself every 2 s. Everything shown is text set with ``textContent``: a caller's
