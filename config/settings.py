@@ -607,7 +607,8 @@ class LogSettings:
             int_range(0, 6),
             "PJSIP's own log verbosity (0 = off): its lines are in the log under the logger "
             "pjsip, level 1 as errors, 2 warnings, 3 info, 4 to 6 (SIP messages from 4, "
-            "callers' numbers masked) debug",
+            "callers' numbers masked, keys pressed starred) debug; 4 and above are for a test "
+            "bench: whole SIP messages at every call",
         ),
     )
 

@@ -569,21 +569,21 @@ def _on_recovery_retry_due(state: SessionState, event: ev.RecoveryRetryDue, now:
 
 def _of_the_transfer(state: SessionState, generation: int) -> bool:
     """Logs from when a transfer ran as a recovery hold its retries (and their probes' answers),
-    logged as events that moved the session: they fold as steps that change nothing, so the
-    log's seq and the state's version stay one."""
+    logged as events that moved the session: they fold as steps that change nothing (but a
+    probe that found the dialog gone, which ended the session then and does now), so the log's
+    seq and the state's version stay one."""
     return state.transfer is not None and stale_transfer(state, generation) is None
 
 
 def _on_recovery_probed(state: SessionState, event: ev.RecoveryProbed, now: float) -> Result:
-    if _of_the_transfer(state, event.generation):
-        return state, []
-    if why := stale_generation(state, event.generation):
-        return state, _ignored(event, why)
-    recovery = state.recovery
-    assert recovery is not None
-    if not 0 <= event.attempt < recovery.attempt:
-        why = f"attempt {event.attempt} was not made ({recovery.attempt} so far)"
-        raise IllegalTransition(state, event, why)
+    if not _of_the_transfer(state, event.generation):
+        if why := stale_generation(state, event.generation):
+            return state, _ignored(event, why)
+        recovery = state.recovery
+        assert recovery is not None
+        if not 0 <= event.attempt < recovery.attempt:
+            why = f"attempt {event.attempt} was not made ({recovery.attempt} so far)"
+            raise IllegalTransition(state, event, why)
     if not dialog_gone(event.status, event.reason):
         # The dialog exists: keep waiting within the recovery's deadline (nothing changes, but
         # the answer is logged).

@@ -71,18 +71,25 @@ def halt(state: SessionState, now: float, out: fx.Effects) -> SessionState:
 
 
 def interrupt(
-    state: SessionState, kind: Interruption, now: float, out: fx.Effects
+    state: SessionState,
+    kind: Interruption,
+    now: float,
+    out: fx.Effects,
+    *,
+    generation: int | None = None,
 ) -> SessionState:
     """Any interruption: halt, and start (or join) the one recovery. A recovery it starts has
-    the policy's ``recovery_timeout_s`` and says "one moment, I am reconnecting" past
-    ``honesty_after_s``."""
+    the policy's ``recovery_timeout_s``, says "one moment, I am reconnecting" past
+    ``honesty_after_s``, and the next generation (or ``generation``, one already taken: what
+    broke during a transfer is recovered under the transfer's own number)."""
     state = halt(state, now, out)
     recovery = state.recovery
     if recovery is not None:
         if kind not in recovery.interruptions:
             recovery = replace(recovery, interruptions=(*recovery.interruptions, kind))
         return replace(state, recovery=recovery)
-    generation = state.recovery_generation + 1
+    if generation is None:
+        generation = state.recovery_generation + 1
     policy = state.policy
     recovery = Recovery(generation, (kind,), now, now + policy.recovery_timeout_s)
     out.append(fx.StartRecovery(generation, kind, recovery.deadline))

@@ -153,6 +153,11 @@ class Outstanding:
         )
 
 
+# The names of a recovery's own deadlines (session.deadlines.RECOVERY_TIMERS; that module
+# imports this one): what an old checkpoint's transfer-as-a-recovery leaves behind.
+_RECOVERY_DEADLINES = ("recovery", "honesty", "recovery_retry")
+
+
 @dataclass(frozen=True, slots=True)
 class Deadline:
     due: float
@@ -326,17 +331,25 @@ class SessionState:
 
         recovery = data.get("recovery")
         transfer = data.get("transfer")
+        deadlines = data["deadlines"]
         if recovery is not None and Interruption.TRANSFER in recovery["interruptions"]:
             # A checkpoint from when a transfer ran as a recovery: its phase, as far as the
-            # checkpoint tells (not its mode), and the recovery of whatever else was broken.
+            # checkpoint tells (not its mode), as a live transfer has it: no recovery and none
+            # of a recovery's timers (what else broke is in its dimension, and is recovered if
+            # the caller comes back), the guard kept.
+            generation = recovery["generation"]
             transfer = {
-                "generation": recovery["generation"],
+                "generation": generation,
                 "mode": "",
                 "started_at": recovery["started_at"],
                 "stage": TransferStage.REFERRING,
             }
-            others = [k for k in recovery["interruptions"] if k != Interruption.TRANSFER]
-            recovery = {**recovery, "interruptions": others} if others else None
+            recovery = None
+            deadlines = {
+                name: due
+                for name, due in deadlines.items()
+                if name not in _RECOVERY_DEADLINES or due["generation"] != generation
+            }
         return cls(
             session_id=data["session_id"],
             version=data["version"],
@@ -361,7 +374,7 @@ class SessionState:
             else Transfer(**{**transfer, "stage": TransferStage(transfer["stage"])}),
             outstanding=tuple(Outstanding.from_dict(o) for o in data["outstanding"]),
             approvals=tuple(data["approvals"]),
-            deadlines={k: Deadline(**v) for k, v in data["deadlines"].items()},
+            deadlines={k: Deadline(**v) for k, v in deadlines.items()},
             answered_at=data["answered_at"],
             ended=None if data["ended"] is None else Ending.from_dict(data["ended"]),
             # Checkpoints written before transfers existed have neither.

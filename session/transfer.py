@@ -138,6 +138,7 @@ def back_to_agent(
     """RFC 5589 section 6.1 (failed transfer): the caller stays with us and the agent, and is
     told honestly that nobody could be reached. What broke meanwhile is recovered now; else
     the gate reconciles (seed 000's table) before the agent may act again."""
+    transfer = state.transfer
     state = replace(state, signaling=Signaling.UP, transfer_status=status)
     state = end_phase(state, outcome, now, out)
     out.append(fx.NotifyAgent("resumed", Interruption.TRANSFER))
@@ -146,8 +147,11 @@ def back_to_agent(
         broken.append(Interruption.MEDIA)
     if state.agent_link is AgentLink.LOST:
         broken.append(Interruption.AGENT_LINK)
+    # Under the transfer's generation: the restoring event of a gap that began during the
+    # transfer names it (the runtime's, and logs from when a transfer ran as a recovery).
+    generation = transfer.generation if transfer is not None else None
     for kind in broken:
-        state = interrupt(state, kind, now, out)
+        state = interrupt(state, kind, now, out, generation=generation)
     if not broken:
         state = reconcile(state, now, out)
     out.append(fx.Say("transfer_failed"))

@@ -12,7 +12,8 @@ Both run on PJSIP's threads: with ``uaConfig.mainThreadOnly`` pjsua2 queues othe
 for the SIP thread, and the early function runs on the thread calling ``libCreate``. Each line
 costs a level check, and only a line that will be logged is masked (telephony.sip_message
 ``mask_text``: from level 4 PJSIP quotes whole SIP messages, callers' numbers and resume handles
-included; STYLE.md habit 10) and handed to :mod:`logging`, whose handlers take their own lock.
+included; the keys a caller presses are starred; STYLE.md habit 10) and handed to
+:mod:`logging`, whose handlers take their own lock.
 PJSIP's levels 4 to 6 (where SIP messages are) are debug, never info.
 """
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import re
 from typing import Any
 
 import pjsua2 as pj
@@ -38,6 +40,12 @@ DECOR = pj.PJ_LOG_HAS_SENDER | pj.PJ_LOG_HAS_SPACE
 _LOG_FUNC = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_int)
 
 
+# The keys a caller presses, which may be a card number in a payment flow (STYLE.md habit 10):
+# pjmedia's stream.c logs each RFC 2833 digit it receives (level 5), and an INFO's
+# application/dtmf-relay body carries it as Signal= (level 4, a whole SIP message).
+_DIGITS = re.compile(r"(DTMF digit\W*|Signal\s*=\s*)[0-9A-Da-d*#]+")
+
+
 def logging_level(pjsip_level: int) -> int:
     return _LEVELS[min(max(pjsip_level, 0), len(_LEVELS) - 1)]
 
@@ -51,7 +59,8 @@ def emit(pjsip_level: int, line: str) -> None:
     sender, _, text = line.strip().partition(" ")
     if not text:
         sender, text = "", sender
-    pjsip_log.log(level, mask_text(text.strip()), extra={"src": sender} if sender else None)
+    text = _DIGITS.sub(r"\1*", mask_text(text.strip()))
+    pjsip_log.log(level, text, extra={"src": sender} if sender else None)
 
 
 class LogWriter(pj.LogWriter):  # type: ignore[misc]

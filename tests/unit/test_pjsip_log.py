@@ -57,6 +57,25 @@ def test_a_sip_message_is_debug_and_masked(caplog: pytest.LogCaptureFixture) -> 
     assert CALLER not in record.getMessage() and CALLER[1:] not in record.getMessage()
 
 
+@pytest.mark.parametrize(
+    ("pjsip_level", "line"),
+    [
+        (5, "stream.c  Received DTMF digit 4, vol=10"),
+        (4, "pjsua_core.c RX 80 bytes Request msg INFO/cseq=3:\r\nSignal=4\r\nDuration=160\r\n"),
+        (4, "pjsua_core.c TX INFO:\r\nSignal= 4\r\n"),
+    ],
+)
+def test_the_keys_a_caller_presses_never_reach_the_log(
+    caplog: pytest.LogCaptureFixture, pjsip_level: int, line: str
+) -> None:
+    # A payment flow's keys are a card number (STYLE.md habit 10), at any PJSIP level.
+    caplog.set_level(logging.DEBUG, logger="pjsip")
+    emit(pjsip_level, line)
+    (record,) = caplog.records
+    assert "4" not in record.getMessage().replace("RX 80", ""), record.getMessage()
+    assert "*" in record.getMessage()
+
+
 def test_a_line_below_the_loggers_level_costs_no_masking(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:

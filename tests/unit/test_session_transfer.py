@@ -163,7 +163,7 @@ def test_a_media_gap_during_a_transfer_is_recorded_not_recovered() -> None:
     state, _ = fold(*STARTED, (ev.MediaLost(), 11.0))
     state, effects = step(state, ev.TransferFinished(1, ok=False, status=486), 12.0)
     assert state.recovery is not None and state.recovery.interruptions == ("media",)
-    assert fx.StartRecovery(2, "media", 22.0) in effects
+    assert fx.StartRecovery(1, "media", 22.0) in effects
     assert state.gate is Gate.FROZEN  # reconciles once the media is back
 
 
@@ -197,7 +197,10 @@ def test_recovery_retries_logged_during_a_transfer_by_older_releases_fold_as_no_
 
 
 def test_a_checkpoint_of_a_transfer_running_as_a_recovery_loads_as_the_transfer_phase() -> None:
-    state, _ = fold(*STARTED)
+    # What the release before wrote mid-transfer with the caller's RTP gone (ed48d6c's fold of
+    # STARTED, then media_lost at 11.0): the transfer's recovery, joined by the media, with its
+    # deadline, honesty and retry timers beside the guard.
+    state, _ = fold(*STARTED, (ev.MediaLost(), 11.0))
     data = state.to_dict()
     del data["transfer"]
     data["recovery"] = {
@@ -207,9 +210,43 @@ def test_a_checkpoint_of_a_transfer_running_as_a_recovery_loads_as_the_transfer_
         "deadline": 45.0,
         "attempt": 1,
     }
+    data["deadlines"] = {
+        "recovery": {"due": 45.0, "generation": 1},
+        "recovery_retry": {"due": 10.9, "generation": 1},
+        "transfer_notify": {"due": 40.0, "generation": 1},
+        "max_duration": {"due": 601.0, "generation": 0},
+    }
     loaded = SessionState.from_dict(data)
     assert loaded.transfer == Transfer(1, "", 10.0, TransferStage.REFERRING)
-    assert loaded.recovery is not None and loaded.recovery.interruptions == ("media",)
+    assert loaded.recovery is None and loaded.media is Media.INTERRUPTED
+    assert set(loaded.deadlines) == {"transfer_notify", "max_duration"}
     assert "transferring (referring)" in loaded.status()
+    # The new machine carries on from it: the transfer fails, the gap is recovered under the
+    # transfer's generation, and the media coming back ends that recovery.
+    back, effects = step(loaded, ev.TransferFinished(1, ok=False, status=486), 12.0)
+    assert back.recovery is not None and back.recovery.generation == 1
+    assert fx.StartRecovery(1, "media", 22.0) in effects
+    restored, _ = step(back, ev.MediaRestored(1), 13.0)
+    assert restored.recovery is None and restored.gate is Gate.OPEN
+    # ... or it succeeds.
     after, _ = step(loaded, ev.TransferFinished(1, ok=True, status=200), 12.0)
     assert after.ended is not None and after.ended.reason == "transferred"
+
+
+def test_a_log_from_when_transfers_ran_as_recoveries_folds_as_it_did() -> None:
+    # The two steps such logs hold that a transfer no longer makes: a retry of its recovery
+    # (a no-op) and a probe's answer; one that found the dialog gone ends the session as then.
+    state, _ = fold(*STARTED, (ev.RecoveryRetryDue(1, 0), 10.3))
+    alive, effects = step(state, ev.RecoveryProbed(1, 0, 200, "OK"), 10.4)
+    assert effects == [] and alive.version == state.version + 1 and alive.ended is None
+    gone, _ = step(state, ev.RecoveryProbed(1, 0, 481, "Call/Transaction Does Not Exist"), 10.4)
+    assert gone.ended is not None
+    assert (gone.ended.terminal_state, gone.ended.stage) == ("failed", "signaling")
+    # A gap during the transfer, the transfer failing, then the media back, as logged then.
+    state, _ = fold(
+        *STARTED,
+        (ev.MediaLost(), 11.0),
+        (ev.TransferFinished(1, ok=False, status=486), 12.0),
+        (ev.MediaRestored(1), 13.0),
+    )
+    assert state.version == 9 and state.recovery is None and state.gate is Gate.OPEN

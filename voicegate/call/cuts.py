@@ -68,4 +68,8 @@ def cut_reason(event: sev.Event, after: SessionState) -> str:
     if ended is not None:
         return "timeout" if ended.terminal_state == "timed_out" else "ending"
     kind = _INTERRUPTED_BY.get(type(event))
+    if kind is None and after.recovery is not None:
+        # A transfer that failed with the media (or the agent's link) still broken: the call
+        # goes on, and the recovery the step started cut the playout.
+        return after.recovery.interruptions[-1]
     return kind.value if kind is not None else "ending"
