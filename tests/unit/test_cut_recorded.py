@@ -32,9 +32,9 @@ from voicegate.call.acting import SessionSteps
 from voicegate.call.actions import CallActions
 from voicegate.call.call_state import CallPhase, CallState
 from voicegate.call.clock import SessionClock
+from voicegate.call.heard import heard_last
 from voicegate.call.notices import AgentNotice
 from voicegate.call.responses import Responses
-from voicegate.control.handoff import _heard_last
 from voicegate.observe.metrics import Metrics
 
 RATE = 8000
@@ -224,9 +224,9 @@ async def test_a_cut_the_session_makes_records_what_the_caller_heard_just_before
     said = [effect["prompt"] for effect in last.effects if effect["kind"] == "say"]
     if said:  # an ending that tells the caller why: that line is the last thing they hear
         expected = {"prompt": said[-1], "response_id": None, "heard_ms": None, "at": last.at}
-        assert _heard_last(call.records()) == {**expected, "interrupted": False}
+        assert heard_last(call.records()) == {**expected, "interrupted": False}
     else:
-        assert _heard_last(call.records()) == {
+        assert heard_last(call.records()) == {
             "prompt": None,
             "response_id": response_id,
             "heard_ms": PULLED * 20,
@@ -277,7 +277,7 @@ async def test_a_line_of_the_sessions_own_cut_by_a_hang_up_is_recorded_as_prompt
     cut = call.records()[-2]
     assert cut.payload == {"say_id": "say1", "prompt": "still_there", "heard_ms": PULLED * 20}
     assert call.cuts_told() == []  # not the agent's line: not told
-    assert _heard_last(call.records()) == {
+    assert heard_last(call.records()) == {
         "prompt": "still_there",
         "response_id": None,
         "heard_ms": PULLED * 20,

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from session.store import EventRecord
-from voicegate.control.handoff import _heard_last
+from voicegate.call.heard import heard_last, heard_last_line
 
 
 def _log(*steps: tuple[str, dict[str, Any], list[dict[str, Any]]]) -> list[EventRecord]:
@@ -139,10 +139,23 @@ def test_heard_last_after_each_kind_of_cut(
     steps: list[tuple[str, dict[str, Any], list[dict[str, Any]]]], expected: dict[str, Any]
 ) -> None:
     records = _log(*steps)
-    heard = _heard_last(records)
+    heard = heard_last(records)
     if expected is NOTHING:
         assert heard == NOTHING
         return
     at = heard.pop("at")
     assert heard == expected
     assert at in [r.at for r in records]  # the step that queued it, or cut it
+
+
+def test_a_rejoined_agent_hears_the_account_the_desk_reads() -> None:
+    # A line cut before a word of it played was never heard: neither the handoff nor the
+    # rejoin's read-back (voicegate/call/rejoin.py) names it.
+    records = _log(
+        *ANSWERED,
+        ("response_finished", {"response_id": "r1", "heard_ms": 900}, []),
+        ("transfer_started", {"target": "sip:desk@cc", "mode": "attended"}, [_say("hold")]),
+        ("prompt_cut", {"say_id": "say1", "prompt": "hold", "heard_ms": 0}, []),
+    )
+    assert heard_last_line(records) == "response r1"
+    assert heard_last(records)["response_id"] == "r1"

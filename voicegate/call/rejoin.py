@@ -24,6 +24,7 @@ from session.events import ResumeReused
 from session.resume import REFUSAL_PHRASES, Handle, ResumeResult, issue, selector_of, verify
 from session.state import Signaling
 from session.store import SessionFinished, SessionStore, StoreError
+from voicegate.call.heard import heard_last_line
 
 # SIP answers to a call whose handle is refused (RFC 3261 21.4.4: 403, the reason phrase names
 # the class of refusal, never the handle), or whose session has a caller on the line already.
@@ -110,23 +111,16 @@ def verify_and_take(
 
 def read_back(store: SessionStore, session_id: str) -> tuple[tuple[ToolResult, ...], str]:
     results = []
-    heard_last = ""
-    for record in store.events(session_id):
+    records = list(store.events(session_id))
+    for record in records:
         if record.type == "tool_intent":
             key = str(record.payload.get("key", ""))
             receipt = store.receipt(key)
             if receipt is not None and receipt.outcome != "unknown":
                 tool = str(record.payload.get("tool", ""))
                 results.append(ToolResult(tool, key, receipt.outcome, dict(receipt.detail), True))
-        elif record.type in ("response_finished", "response_interrupted"):
-            heard_last = f"response {record.payload.get('response_id', '')}"
-        elif record.type == "prompt_cut" and record.payload.get("heard_ms"):
-            # A line cut part-way (a line cut before a word of it is left out: never heard).
-            heard_last = f"prompt {record.payload.get('prompt', '')}"
-        for effect in record.effects:
-            if effect.get("kind") == "say":
-                heard_last = f"prompt {effect.get('prompt', '')}"
-    return tuple(results), heard_last
+    # The same account as the desk's handoff (a line cut before a word of it was never heard).
+    return tuple(results), heard_last_line(records)
 
 
 def report_reuse(store: SessionStore, session_id: str, *, owner: str, now: float) -> bool:

@@ -13,80 +13,9 @@ from typing import Any
 
 from session.durable import DurableSession
 from session.state import Signaling
-from session.store import EventRecord, SessionStore
+from session.store import SessionStore
 from telephony.sip_message import mask_uri
-
-
-def _heard_last(events: list[EventRecord]) -> dict[str, Any]:
-    """The last thing played to the caller: a session prompt, or an agent's response, and how
-    much of it was heard.
-
-    A response's ``heard_ms`` is recorded when it ends, drained or cut, whoever cut it (the
-    caller, the agent, a transfer, lost media, a hang-up, the end). A prompt is known from the
-    ``say`` effect that queued it; its ``heard_ms`` is null while nothing says it was cut (it
-    played out, or is still playing), and the ``prompt_cut`` written before the step that cut it
-    says how much was heard. A line cut before a word of it played was never heard: what came
-    before it stays the last thing heard. A response cut with no record of what was heard (a
-    log older than that record) is named with ``heard_ms`` null.
-    """
-    heard: list[dict[str, Any]] = []
-    for record in events:
-        payload = record.payload
-        if record.type in ("response_finished", "response_interrupted"):
-            heard.append(
-                {
-                    "prompt": None,
-                    "response_id": payload.get("response_id"),
-                    "heard_ms": payload.get("heard_ms"),
-                    "interrupted": record.type == "response_interrupted",
-                    "at": record.at,
-                }
-            )
-        elif record.type == "prompt_cut":
-            prompt, heard_ms = payload.get("prompt"), payload.get("heard_ms")
-            last = heard[-1] if heard else None
-            queued = last is not None and last["prompt"] == prompt and last["heard_ms"] is None
-            if not heard_ms:
-                if queued:
-                    heard.pop()
-                continue
-            line = {
-                "prompt": prompt,
-                "response_id": None,
-                "heard_ms": heard_ms,
-                "interrupted": True,
-                "at": record.at,
-            }
-            if queued:
-                heard[-1] = line
-            else:
-                heard.append(line)
-        for effect in record.effects:
-            if effect.get("kind") == "cancel_response":
-                # A cut with nothing recorded before it (a log written before issue 35, or a
-                # call with no media to measure): which response, not how much of it.
-                heard.append(
-                    {
-                        "prompt": None,
-                        "response_id": effect.get("response_id"),
-                        "heard_ms": None,
-                        "interrupted": True,
-                        "at": record.at,
-                    }
-                )
-            elif effect.get("kind") == "say":
-                heard.append(
-                    {
-                        "prompt": effect.get("prompt"),
-                        "response_id": None,
-                        "heard_ms": None,
-                        "interrupted": False,
-                        "at": record.at,
-                    }
-                )
-    if not heard:
-        return {"prompt": None, "response_id": None, "heard_ms": None, "at": None}
-    return heard[-1]
+from voicegate.call.heard import heard_last
 
 
 def handoff(store: SessionStore, session_id: str, *, live: bool) -> dict[str, Any] | None:
@@ -152,7 +81,7 @@ def handoff(store: SessionStore, session_id: str, *, live: bool) -> dict[str, An
             "target": mask_uri(state.transfer_target),
             "last_status": state.transfer_status or None,
         },
-        "heard_last": _heard_last(events),
+        "heard_last": heard_last(events),
         "tool_calls": tool_calls,
         "unknown": unknown,
     }
