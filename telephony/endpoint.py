@@ -43,6 +43,7 @@ from telephony.library import (
 from telephony.media_bridge import MediaBridge
 from telephony.media_health import MediaHealth
 from telephony.offer_check import check_offer
+from telephony.pjsip_log import stop_lines
 from telephony.port_pool import PortPool
 from telephony.refer import Refers
 from telephony.refusals import Refusals
@@ -248,6 +249,8 @@ class SipEndpoint:
             del ports
         except pj.Error as exc:
             log.error("pjsua2 shutdown error: %s", exc.info())
+        finally:
+            stop_lines()
         self._ep = None
 
     def _run_commands(self) -> None:

@@ -79,10 +79,8 @@ def _early_line(level: int, data: bytes | None, length: int) -> None:
 _early_line_c = _LOG_FUNC(_early_line)
 
 
-def route_early_lines(pjsip_level: int, library_path: str | None = None) -> bool:
-    """Before ``libCreate``: PJSIP's lines at ``pjsip_level`` and below go to :func:`emit`
-    instead of stdout until ``libInit`` installs pjsua's. False (and nothing changed) where
-    pjlib's log functions cannot be found in the pjsua2 extension."""
+def _pjlib(library_path: str | None) -> Any | None:
+    """pjlib's log setters in the pjsua2 extension, typed; None where they cannot be found."""
     try:
         lib = ctypes.CDLL(library_path or pj._pjsua2.__file__)
         set_level, set_decor, set_func = (
@@ -91,11 +89,31 @@ def route_early_lines(pjsip_level: int, library_path: str | None = None) -> bool
             lib.pj_log_set_log_func,
         )
     except (OSError, AttributeError):
-        return False
+        return None
     set_level.argtypes, set_level.restype = (ctypes.c_int,), None
     set_decor.argtypes, set_decor.restype = (ctypes.c_uint,), None
     set_func.argtypes, set_func.restype = (_LOG_FUNC,), None
-    set_level(pjsip_level)
-    set_decor(DECOR)
-    set_func(_early_line_c)
+    return lib
+
+
+def route_early_lines(pjsip_level: int, library_path: str | None = None) -> bool:
+    """Before ``libCreate``: PJSIP's lines at ``pjsip_level`` and below go to :func:`emit`
+    instead of stdout until ``libInit`` installs pjsua's. False (and nothing changed) where
+    pjlib's log functions cannot be found in the pjsua2 extension."""
+    lib = _pjlib(library_path)
+    if lib is None:
+        return False
+    lib.pj_log_set_level(pjsip_level)
+    lib.pj_log_set_decor(DECOR)
+    lib.pj_log_set_log_func(_early_line_c)
     return True
+
+
+def stop_lines(library_path: str | None = None) -> None:
+    """After ``libDestroy`` (or a start that failed half-way): no log function at all, so that
+    nothing PJSIP still says calls into Python while the interpreter goes down (pj_log skips a
+    null function)."""
+    lib = _pjlib(library_path)
+    if lib is not None:
+        lib.pj_log_set_level(0)
+        lib.pj_log_set_log_func(_LOG_FUNC())
