@@ -13,6 +13,7 @@ its session (the session id is part of what is hashed), and compared in constant
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import os
 import re
@@ -55,19 +56,29 @@ class CallbackKeys:
 
     @classmethod
     def in_directory(cls, data_dir: Path) -> CallbackKeys:
-        """The key of the installation whose data directory is ``data_dir``, made on first use
-        (O_EXCL: of two workers starting at once, one writes it and both read the same)."""
+        """The key of the installation whose data directory is ``data_dir``, made on first use.
+
+        Of several workers starting at once, each writes a whole key to a file of its own and
+        links it into place; the first link wins and the others read that one. The key file is
+        never seen half-written (creating it and then writing it was: a worker read it empty
+        and refused to start)."""
         path = data_dir / KEY_FILE
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            pass
-        else:
-            with os.fdopen(fd, "wb") as out:
-                out.write(secrets.token_bytes(KEY_BYTES))
+        if not path.exists():
+            draft = data_dir / f".{KEY_FILE}.{os.getpid()}.{secrets.token_hex(4)}"
+            fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                with os.fdopen(fd, "wb") as out:
+                    out.write(secrets.token_bytes(KEY_BYTES))
+                    out.flush()
+                    os.fsync(out.fileno())
+                # link(2) creates the name only if it does not exist, atomically.
+                with contextlib.suppress(FileExistsError):
+                    os.link(draft, path)
+            finally:
+                draft.unlink()
         secret = path.read_bytes()
         if len(secret) < KEY_BYTES:
-            # A half-written file of a racing first start: wait for nothing, refuse clearly.
+            # Truncated by something else (a full disk, a hand edit): refuse clearly.
             raise ValueError(f"{path} holds {len(secret)} bytes, not {KEY_BYTES}: remove it")
         return cls(secret)
 
