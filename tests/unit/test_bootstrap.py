@@ -128,15 +128,15 @@ def test_tests_after_serving_add_the_dev_extra_to_the_same_venv(
 
     assert installs("--serve") == ["."]
     assert installs("--serve") == [], "a second serve reinstalled"
-    assert installs() == [".[dev]"], "the test command skipped the dev extra after a serve"
+    assert installs() == [".[dev,pipecat]"], "the test command skipped the dev extra after a serve"
     assert installs() == []
     # A change to the project's dependencies reinstalls, in either order of the two commands.
     _touch_after_stamps(checkout / "pyproject.toml")
-    assert installs() == [".[dev]"]
+    assert installs() == [".[dev,pipecat]"]
     assert installs("--serve") == [], "a dev install already holds what serving needs"
     _touch_after_stamps(checkout / "setup.py")
     assert installs("--serve") == ["."]
-    assert installs() == [".[dev]"]
+    assert installs() == [".[dev,pipecat]"]
 
 
 def _touch_after_stamps(path: Path) -> None:

@@ -1,0 +1,1 @@
+"""Integrations of voicegate with other voice-agent frameworks."""
