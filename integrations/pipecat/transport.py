@@ -12,6 +12,7 @@ redialled socket to the same transport, so a dropped link pauses the output and 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 from collections import deque
@@ -28,6 +29,7 @@ from pipecat.frames.frames import (
     Frame,
     InputAudioRawFrame,
     InterruptionFrame,
+    LLMAssistantPushAggregationFrame,
     OutputAudioRawFrame,
     StartFrame,
     SystemFrame,
@@ -123,6 +125,10 @@ class VoicegateInputTransport(BaseInputTransport):
         if self._ready:  # audio before the pipeline runs is gone (it is a live call)
             await self.push_audio_frame(frame)
 
+    @property
+    def ready(self) -> bool:
+        return self._ready
+
     async def interrupt(self) -> None:
         """voicegate cut the bot's turn: the pipeline drops what it was still making of it."""
         if self._ready:
@@ -136,6 +142,7 @@ class _Held:
     frame: Frame
     mark_id: str | None = None
     response_id: str | None = None
+    span: tuple[float, float] = (0.0, 0.0)  # where its audio lies in the response, ms
     outcome: str | None = None  # played or cleared, once voicegate says
 
 
@@ -155,6 +162,10 @@ class VoicegateOutputTransport(BaseOutputTransport):
         self._paced_start = 0.0
         self._paced_ms = 0.0
         self._speaking: str | None = None  # the response the caller is hearing, for Bot*Speaking
+        self._queued_ms: dict[str, float] = {}  # audio of each response queued so far
+        self._said_to: dict[str, float] = {}  # where the last text of each response ended
+        self._heard: dict[str, int] = {}  # heard_ms of each cut response
+        self._interrupting = 0  # interruptions on their way here (see expect_interruption)
         self._drained = asyncio.Event()
 
     @property
@@ -202,13 +213,32 @@ class VoicegateOutputTransport(BaseOutputTransport):
                 body = _body(await serializer.serialize(frame))
                 self._outbound.put_nowait(("stopped", (response_id if body else None, frame)))
             elif isinstance(frame, TTSTextFrame):
-                self._outbound.put_nowait(("text", (serializer.current_response, frame)))
+                response_id = serializer.current_response
+                span = (0.0, 0.0)
+                if response_id is not None:
+                    # A sentence's text comes behind its audio: it spans from the text before
+                    # it to the audio queued so far.
+                    end = self._queued_ms.get(response_id, 0.0)
+                    span = (self._said_to.get(response_id, 0.0), end)
+                    self._said_to[response_id] = end
+                self._outbound.put_nowait(("text", (response_id, frame, span)))
             else:
                 self._outbound.put_nowait(("release", (None, frame)))
             return
         if isinstance(frame, InterruptionFrame):
             await self._interrupted()
+            await super().process_frame(frame, direction)
+            # Downstream processors have the interruption ahead of anything released now:
+            # what the caller heard of the cut turn is not reset away with its queue.
+            self._interrupting = max(0, self._interrupting - 1)
+            await self._release()
+            return
         await super().process_frame(frame, direction)
+
+    def expect_interruption(self) -> None:
+        """voicegate cut the live turn and the input broadcasts the interruption: hold what
+        would go downstream until it has passed here."""
+        self._interrupting += 1
 
     async def _call_processed(self, frame: Frame) -> None:
         # FrameProcessor.process_frame does the bookkeeping every processor owes; the routing
@@ -230,6 +260,11 @@ class VoicegateOutputTransport(BaseOutputTransport):
         if frame.sample_rate != rate:
             audio = await self._resampler.resample(audio, frame.sample_rate, rate)
         step = rate * CHUNK_MS // 1000 * 2
+        queued = self._queued_ms.get(response_id, 0.0) + len(audio) // 2 / rate * 1000
+        self._queued_ms[response_id] = queued
+        if len(self._queued_ms) > 64:
+            self._queued_ms.pop(next(iter(self._queued_ms)))
+            self._said_to.pop(next(iter(self._said_to)), None)
         for at in range(0, len(audio) - len(audio) % 2, step):
             self._outbound.put_nowait(("audio", (response_id, audio[at : at + step])))
 
@@ -241,11 +276,17 @@ class VoicegateOutputTransport(BaseOutputTransport):
             await self._transport.link.send(body)
 
     def _clear(self) -> None:
-        """Drop what was still to be said; frames that must not be lost go on downstream."""
+        """Drop what was still to be said; frames that must not be lost go on downstream.
+
+        The text of a sentence cut before its audio was all sent waits for voicegate's
+        ``heard_ms``: the caller may have heard the start of it.
+        """
         keep: list[tuple[str, Any]] = []
         while not self._outbound.empty():
             kind, item = self._outbound.get_nowait()
-            if kind == "end" or (
+            if kind == "text" and item[0] is not None:
+                self._held.append(_Held(item[1], None, item[0], item[2], outcome="cleared"))
+            elif kind == "end" or (
                 kind in ("release", "text", "stopped") and not item[1].interruptible
             ):
                 keep.append((kind, item))
@@ -267,7 +308,9 @@ class VoicegateOutputTransport(BaseOutputTransport):
                 await self._send_chunk(*item)
             elif kind == "message" and item is not None:
                 await link.send(item)
-            elif kind in ("text", "stopped"):
+            elif kind == "text":
+                await self._hold(item[1], item[0], item[2])
+            elif kind == "stopped":
                 response_id, frame = item
                 await self._hold(frame, response_id if self._alive(response_id) else None)
             elif kind == "release":
@@ -300,7 +343,9 @@ class VoicegateOutputTransport(BaseOutputTransport):
                 OutputAudioRawFrame(audio=audio, sample_rate=rate, num_channels=1)
             )
 
-    async def _hold(self, frame: Frame, response_id: str | None) -> None:
+    async def _hold(
+        self, frame: Frame, response_id: str | None, span: tuple[float, float] = (0.0, 0.0)
+    ) -> None:
         """Send ``frame`` downstream once the audio before it has played (at once if none).
 
         A word's text waits for a mark after its audio; the end of a turn waits for a mark
@@ -309,6 +354,12 @@ class VoicegateOutputTransport(BaseOutputTransport):
         """
         mark_id = None
         marked = isinstance(frame, TTSStoppedFrame) or self._vg_params.word_marks
+        text = isinstance(frame, TTSTextFrame)
+        if text and response_id is not None and not self._alive(response_id):
+            # Cut before its mark went out: heard_ms decides what of it the caller heard.
+            self._held.append(_Held(frame, None, response_id, span, outcome="cleared"))
+            await self._release()
+            return
         if response_id is not None and marked:
             self._marks += 1
             mark_id = f"m{self._marks}"
@@ -317,7 +368,7 @@ class VoicegateOutputTransport(BaseOutputTransport):
             if isinstance(frame, TTSStoppedFrame):
                 self.serializer.done(response_id)
                 await link.send({"type": "response.done", "response_id": response_id})
-        self._held.append(_Held(frame, mark_id, response_id))
+        self._held.append(_Held(frame, mark_id, response_id, span))
         await self._release()
 
     async def mark_outcome(self, mark_id: str, outcome: str) -> None:
@@ -327,13 +378,24 @@ class VoicegateOutputTransport(BaseOutputTransport):
         await self._release()
 
     async def _release(self) -> None:
-        while self._held:
+        partial_turn = False
+        while self._held and not self._interrupting:
             head = self._held[0]
             if head.mark_id is not None and head.outcome is None:
-                return  # not played yet
-            self._held.popleft()
+                break  # not played yet
             if isinstance(head.frame, TTSTextFrame) and head.outcome == "cleared":
-                continue  # the caller never heard it: the context must not have it
+                # Cut: the context keeps the part the caller heard, once voicegate says how
+                # much that was (its cut message may come after the mark's outcome).
+                heard = self._heard.get(head.response_id or "")
+                if heard is None and not self._transport.ended:
+                    break
+                self._held.popleft()
+                partial = _heard_part(head.frame.text, head.span, heard or 0)
+                if partial:
+                    await self.push_frame(dataclasses.replace(head.frame, text=partial))
+                    partial_turn = True
+                continue
+            self._held.popleft()
             if isinstance(head.frame, TTSStoppedFrame) and head.response_id is not None:
                 if head.outcome == "played":
                     self.serializer.played_out(head.response_id)
@@ -341,15 +403,36 @@ class VoicegateOutputTransport(BaseOutputTransport):
                     self._speaking = None
                     await self._bot_speaking(BotStoppedSpeakingFrame)
             await self.push_frame(head.frame)
+        if partial_turn:
+            # The interruption already closed the assistant's turn: what was heard of the cut
+            # sentence goes into the context as a message of its own.
+            await self.push_frame(LLMAssistantPushAggregationFrame())
 
-    async def response_cut(self, response_id: str) -> None:
-        """voicegate cut a response: the caller stopped hearing the bot."""
+    async def response_cut(self, response_id: str, heard_ms: int) -> None:
+        """voicegate cut a response: the caller stopped hearing the bot after ``heard_ms``."""
+        self._heard[response_id] = heard_ms
+        if len(self._heard) > 64:
+            self._heard.pop(next(iter(self._heard)))
         if self._speaking == response_id:
             self._speaking = None
             await self._bot_speaking(BotStoppedSpeakingFrame)
+        await self._release()
+
+    async def call_ended(self) -> None:
+        await self._release()  # nothing more will be heard: let the held frames go
 
     async def _bot_speaking(self, frame_cls: type[Frame]) -> None:
         await self.broadcast_frame(frame_cls)
+
+
+def _heard_part(text: str, span: tuple[float, float], heard_ms: int) -> str:
+    """The words of ``text`` the caller heard, its audio spanning ``span`` of the response."""
+    start, end = span
+    if heard_ms <= start or end <= start:
+        return ""
+    words = text.split()
+    share = min(1.0, (heard_ms - start) / (end - start))
+    return " ".join(words[: int(len(words) * share)])
 
 
 def _body(payload: str | bytes | None) -> dict[str, Any] | None:
@@ -465,6 +548,7 @@ class VoicegateTransport(BaseTransport):
         elif kind == "session.end":
             self.ended = str(message.get("reason", "ended"))
             self.tools.ended()
+            await self.output().call_ended()
         if frame is not None:
             await self.input().deliver(frame)
         await self._call_event_handler("on_message", message)
@@ -478,8 +562,10 @@ class VoicegateTransport(BaseTransport):
 
     async def _cut(self, message: dict[str, Any]) -> None:
         response_id = str(message["response_id"])
-        live = self.serializer.cut(response_id)
-        await self.output().response_cut(response_id)
+        live = self.serializer.cut(response_id) and self.input().ready
+        if live:
+            self.output().expect_interruption()
+        await self.output().response_cut(response_id, int(message.get("heard_ms", 0)))
         if live:
             await self.input().interrupt()
         await self.input().deliver(
