@@ -55,6 +55,7 @@ from pipecat.processors.aggregators.llm_context import (
 )
 from pipecat.processors.frame_processor import FrameDirection
 from pipecat.services.llm_service import FunctionCallParams, LLMService
+from pipecat.services.settings import LLMSettings
 from pipecat.turns.user_start import (
     ExternalUserTurnStartStrategy,
     TranscriptionUserTurnStartStrategy,
@@ -200,7 +201,10 @@ def _fields(message: LLMContextMessage) -> Mapping[str, Any]:
 def _after_tool(message: LLMContextMessage, messages: Sequence[LLMContextMessage]) -> Reply:
     fields = _fields(message)
     name = _function_name(str(fields.get("tool_call_id")), messages)
-    result = _result(fields.get("content"))
+    content = fields.get("content")
+    if content == "IN_PROGRESS":  # the assistant aggregator's placeholder: the result is coming
+        return Reply()
+    result = _result(content)
     if name == "charge":
         return Reply(PAID if result.get("outcome") == "committed" else NOT_PAID)
     if name == "account_balance":
@@ -236,6 +240,26 @@ class RulesLLMService(LLMService[OpenAILLMAdapter]):
     ``function_call_timeout_secs``). Register handlers as with any LLM service."""
 
     adapter_class = OpenAILLMAdapter  # the context holds OpenAI-format messages
+
+    def __init__(self, **kwargs: Any) -> None:
+        # Every settings field set (None: not applicable), or Pipecat logs an error at start.
+        kwargs.setdefault(
+            "settings",
+            LLMSettings(
+                model="rules",
+                system_instruction=None,
+                temperature=None,
+                max_tokens=None,
+                top_p=None,
+                top_k=None,
+                frequency_penalty=None,
+                presence_penalty=None,
+                seed=None,
+                filter_incomplete_user_turns=False,
+                user_turn_completion_config=None,
+            ),
+        )
+        super().__init__(**kwargs)
 
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
         await super().process_frame(frame, direction)

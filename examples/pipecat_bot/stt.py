@@ -52,6 +52,7 @@ from pipecat.frames.frames import (
     VADUserStoppedSpeakingFrame,
 )
 from pipecat.processors.frame_processor import FrameDirection
+from pipecat.services.settings import STTSettings
 from pipecat.services.stt_service import SegmentedSTTService
 from pipecat.utils.time import time_now_iso8601
 from pocketsphinx import Decoder
@@ -157,6 +158,10 @@ class PocketsphinxSTTService(SegmentedSTTService):
         trailing_silence_secs: float = 0.3,
         **kwargs: Any,
     ) -> None:
+        # Every settings field set (None: not applicable), or Pipecat logs an error at start.
+        kwargs.setdefault(
+            "settings", STTSettings(model=f"pocketsphinx-{GRAMMAR.name}", language=None)
+        )
         super().__init__(trailing_silence_secs=trailing_silence_secs, **kwargs)
         self._caller = user_id
         self._segment_open = False

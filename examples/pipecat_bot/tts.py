@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 from pipecat.frames.frames import ErrorFrame, Frame, TTSAudioRawFrame
+from pipecat.services.settings import TTSSettings
 from pipecat.services.tts_service import TTSService
 
 from audio.speech.synth import MAX_TEXT, SynthesisError, Synthesizer, Voice
@@ -55,6 +56,8 @@ class EspeakTTSService(TTSService):
     ) -> None:
         if pace is not None and pace <= 0:
             raise ValueError(f"pace must be positive (a fraction of real time), not {pace}")
+        # Every settings field set (None: not applicable), or Pipecat logs an error at start.
+        kwargs.setdefault("settings", TTSSettings(model="espeak-ng", voice=voice, language=None))
         super().__init__(push_start_frame=True, push_stop_frames=True, **kwargs)
         self._voice = Voice(voice, wpm)
         self._pace = pace
