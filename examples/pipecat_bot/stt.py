@@ -63,9 +63,10 @@ from audio.speech.grammar import Grammar, model_dir, trimmed_dictionary, vocabul
 log = logging.getLogger("example.pipecat_bot.stt")
 
 MODEL_RATE = 16000  # the wheel's only model; 8 kHz calls are upsampled (docs/speech.md)
-# The bindings' Hypothesis.score, 0 to 1. In-grammar espeak-ng phrases scored 0.55 to 0.80 here,
-# out-of-grammar sentences forced into the grammar 0.44 to 0.53 (as audio/speech/recognizer.py
-# measured with the endpointer): below this, nothing is transcribed.
+# The bindings' Hypothesis.score, 0 to 1. Whole-segment decoding of espeak-ng speech at 8 kHz
+# (three voices): phrases in the grammar 0.55 to 0.78; speech outside it forced into the grammar
+# 0.44 to 0.56, so this stops only part of that: the rules confirm nothing, but a payment is
+# still only made on "pay" or the key 1. Below this, nothing is transcribed.
 MIN_SCORE = 0.5
 DITHER_SIGMA = 30.0  # about -61 dBFS: on digital silence the decoder drops the last word
 
