@@ -1,0 +1,1 @@
+"""A Pipecat bot that answers voicegate's calls (issue 32), with offline services only."""
