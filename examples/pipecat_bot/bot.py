@@ -36,7 +36,7 @@ from examples.pipecat_bot.services import (
     account_balance,
     user_turn_strategies,
 )
-from integrations.pipecat import VoicegateTransport, register_tool
+from integrations.pipecat import CallInfo, VoicegateTransport, register_tool
 
 log = logging.getLogger("pipecat_bot")
 
@@ -103,8 +103,13 @@ async def run_bot(transport: VoicegateTransport, *, tts_pace: float | None = Non
     llm.register_function("end_call", end_call)
 
     @transport.event_handler("on_client_connected")  # type: ignore[untyped-decorator]
-    async def greet(_: VoicegateTransport, info: Any) -> None:
-        await task.queue_frames([LLMRunFrame()])
+    async def greet(_: VoicegateTransport, info: CallInfo) -> None:
+        if info.resumed:
+            # The call was under way when this bot lost it (voicegate says what was heard
+            # last): pick it up, do not greet again.
+            await task.queue_frames([TTSSpeakFrame("Sorry, I lost you for a moment. Go on.")])
+        else:
+            await task.queue_frames([LLMRunFrame()])
 
     @transport.event_handler("on_client_disconnected")  # type: ignore[untyped-decorator]
     async def gone(_: VoicegateTransport, reason: str) -> None:

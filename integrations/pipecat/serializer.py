@@ -76,12 +76,13 @@ class VoicegateFrameSerializer(FrameSerializer):
         return response is not None and response.alive and not response.done
 
     def cut(self, response_id: str) -> bool:
-        """voicegate cut ``response_id``; True if it was the open turn, still being made."""
+        """voicegate cut ``response_id``; True if it was alive until now (the bot was still
+        making or sending it, or the caller still hearing it: the pipeline must stop it)."""
         response = self._recent.get(response_id)
         if response is None or not response.alive:
             return False
-        response.alive = False
-        return response is self._current
+        response.alive = False  # (still the open turn: its late chunks keep its id)
+        return True
 
     def done(self, response_id: str) -> None:
         response = self._recent.get(response_id)

@@ -188,14 +188,24 @@ class VoicegateServer:
         return transport
 
     async def _run_bot(self, transport: VoicegateTransport) -> None:
+        link = transport.link
         try:
             await self._bot(transport)
         except Exception:
-            log.exception("pipecat.bot_failed session=%s", transport.link.session_id)
-            await transport.hang_up("the bot failed", after_playout=False)
-        finally:
-            if transport.ended is None:
-                await transport.hang_up("the bot finished")
+            # The bot's pipeline is gone, not the call: refuse this session so that voicegate
+            # starts it afresh on a new pipeline (session.start, resumed: pick the call up). A
+            # bot that fails again is refused again, and voicegate ends the call failed.
+            log.exception("pipecat.bot_failed session=%s", link.session_id)
+            if self.sessions.get(link.session_id) is transport:
+                del self.sessions[link.session_id]
+            socket = link.socket
+            if socket is not None and not socket.closed:
+                with contextlib.suppress(ConnectionError, RuntimeError):
+                    await socket.send_str(_error("internal", "the bot failed"))
+                await socket.close()
+            return
+        if transport.ended is None:
+            await transport.hang_up("the bot finished")
 
 
 def _error(code: str, detail: str) -> str:

@@ -42,7 +42,7 @@ from pipecat.transports.base_input import BaseInputTransport
 from pipecat.transports.base_output import BaseOutputTransport
 from pipecat.transports.base_transport import BaseTransport, TransportParams
 
-from integrations.pipecat.frames import VoicegateMessageFrame, VoicegateResponseCutFrame
+from integrations.pipecat.frames import VoicegateResponseCutFrame
 from integrations.pipecat.link import Link
 from integrations.pipecat.serializer import VoicegateFrameSerializer
 from integrations.pipecat.tools import ToolCalls
@@ -582,6 +582,3 @@ class VoicegateTransport(BaseTransport):
     async def link_resumed(self) -> None:
         await self.tools.reclaim()
         await self._call_event_handler("on_link_resumed")
-
-    def message_frame(self, message: dict[str, Any]) -> VoicegateMessageFrame:
-        return VoicegateMessageFrame(message=message)

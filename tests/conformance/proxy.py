@@ -68,6 +68,7 @@ class ChaosProxy:
     port: int
     host: str = "127.0.0.1"
     tls: ssl.SSLContext | bool = True  # for a wss:// agent: the CAs to trust (default: system's)
+    lag_s: float = 0.0  # voicegate's frames reach the agent this late (a far-away agent)
     passed: list[Passed] = field(default_factory=list)
     _loop: asyncio.AbstractEventLoop | None = None
     _thread: threading.Thread | None = None
@@ -201,6 +202,9 @@ class ChaosProxy:
         return ws
 
     async def _pump(self, source: Any, sink: Any, direction: str, number: int) -> None:
+        if direction == TO_AGENT and self.lag_s > 0:
+            await self._lagged_pump(source, sink, number)
+            return
         async for frame in source:
             if frame.type == aiohttp.WSMsgType.TEXT:
                 with contextlib.suppress(ValueError, RecursionError):
@@ -213,6 +217,38 @@ class ChaosProxy:
                 await sink.send_bytes(frame.data)
             else:
                 return
+
+    async def _lagged_pump(self, source: Any, sink: Any, number: int) -> None:
+        """voicegate's frames, each delivered ``lag_s`` after it came, in order (recorded as
+        they came: ``at`` is when voicegate sent it)."""
+        queue: asyncio.Queue[tuple[float, Any] | None] = asyncio.Queue()
+
+        async def deliver() -> None:
+            while (item := await queue.get()) is not None:
+                due, frame = item
+                await asyncio.sleep(max(0.0, due - time.monotonic()))
+                if frame.type == aiohttp.WSMsgType.TEXT:
+                    await sink.send_str(frame.data)
+                else:
+                    await sink.send_bytes(frame.data)
+
+        delivering = asyncio.create_task(deliver())
+        try:
+            async for frame in source:
+                if frame.type == aiohttp.WSMsgType.TEXT:
+                    with contextlib.suppress(ValueError, RecursionError):
+                        self._record(
+                            Passed(time.time(), TO_AGENT, number, text=json.loads(frame.data))
+                        )
+                elif frame.type == aiohttp.WSMsgType.BINARY:
+                    self._record(Passed(time.time(), TO_AGENT, number, data=frame.data))
+                else:
+                    return
+                queue.put_nowait((time.monotonic() + self.lag_s, frame))
+        finally:
+            # The pair is closing: what was still on its way is lost, as on a real link.
+            delivering.cancel()
+            await asyncio.gather(delivering, return_exceptions=True)
 
     async def _kill(self) -> bool:
         pair, self._pair = self._pair, None

@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # these is an import of our own code; anything else is the standard library or a third party.
 OURS = frozenset(
     {"config", "session", "audio", "telephony", "agents", "voicegate", "providers", "examples"}
+    | {"integrations"}
     | {"tests", "bench", "scripts"}
 )
 
@@ -58,6 +59,9 @@ RULES = {
     "voicegate": Rule(),
     "providers": Rule(),
     "examples": Rule(),
+    # A framework's bot installs voicegate[pipecat] to speak the protocol; it needs nothing of
+    # the server, so the integration is written from docs/agent-protocol.md alone.
+    "integrations": Rule(only=frozenset()),
 }
 # bench/ and scripts/ are not packages (no __init__.py, not installed): tools run from a
 # checkout. bench/ drives the servers with the integration tests' harness (tests/integration/
