@@ -104,7 +104,10 @@ async def run_bot(transport: VoicegateTransport, *, tts_pace: float | None = Non
 
     @transport.event_handler("on_client_connected")  # type: ignore[untyped-decorator]
     async def greet(_: VoicegateTransport, info: CallInfo) -> None:
-        if info.resumed:
+        if info.rejoined is not None:
+            # Sent back by the call centre this bot transferred them to (a new call).
+            await task.queue_frames([TTSSpeakFrame("Welcome back. How can I help?")])
+        elif info.resumed:
             # The call was under way when this bot lost it (voicegate says what was heard
             # last): pick it up, do not greet again.
             await task.queue_frames([TTSSpeakFrame("Sorry, I lost you for a moment. Go on.")])

@@ -163,6 +163,10 @@ class PocketsphinxSTTService(SegmentedSTTService):
         kwargs.setdefault(
             "settings", STTSettings(model=f"pocketsphinx-{GRAMMAR.name}", language=None)
         )
+        # A segment is decoded whole once the turn ends: 8-20 ms for a phrase of the grammar
+        # here (measured once decoded; the first build of the decoder takes longer). The
+        # turn-stop strategy waits this long for the text: a loaded machine gets a margin.
+        kwargs.setdefault("ttfs_p99_latency", 0.3)
         super().__init__(trailing_silence_secs=trailing_silence_secs, **kwargs)
         self._caller = user_id
         self._segment_open = False

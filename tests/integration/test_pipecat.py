@@ -8,6 +8,7 @@ subprocess; SIPp callers; RTP captured on loopback; the reference payment provid
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -28,8 +29,10 @@ from tests.integration.harness import (
     wait_for,
 )
 from tests.integration.pipecat_bot import SECRET, PipecatBot
+from tests.integration.resume_handles import away_session
 from tests.integration.rtp_capture import Capture
 from tests.integration.speech_rtp import VOICES, Keys, Say, Step, rtp_packets, write_pcap
+from tests.secret_audit import AUDIT
 
 
 @pytest.fixture
@@ -270,3 +273,42 @@ def test_the_conformance_kit_passes_against_the_example_bot(
     )
     assert kit.returncode == 0, f"{kit.stdout[-6000:]}\n--- bot log:\n{bot.log_tail()}"
     assert "4 passed" in kit.stdout, kit.stdout[-2000:]
+
+
+def test_the_bot_transfers_the_caller_to_a_person_who_sends_them_back(
+    server_factory: ServerFactory, bot: PipecatBot, tmp_path: Path
+) -> None:
+    server = server_factory(
+        **bot.env(),
+        VOICEGATE_TRANSFER_ALLOWED_TARGETS="sip:*@cc.example.com",
+        VOICEGATE_TRANSFER_DEFAULT_TARGET="sip:desk@cc.example.com",
+    )
+    # Key 0: the LLM calls transfer_to_person, whose handler asks voicegate for the transfer;
+    # the caller's leg accepts the REFER and NOTIFYs 100 then 200.
+    log = tmp_path / "caller-logs.log"
+    sipp = Sipp(
+        "uac-transfer-blind.xml",
+        server.sip_target,
+        tmp_path / "caller",
+        extra=("-trace_logs", "-log_file", str(log)),
+    )
+    assert sipp.run() == 0, f"{sipp.errors()}\n--- bot log:\n{bot.log_tail()}"
+    away = away_session(server)
+    assert server.metric("voicegate_transfers_total", mode="blind", outcome="completed") == 1
+    (first,) = wait_for(lambda: bot.contexts() or None, 10, "the bot to end its first call")
+    calls = [c["function"]["name"] for m in first["messages"] for c in m.get("tool_calls") or ()]
+    assert calls == ["transfer_to_person"], first["messages"]
+
+    # The centre sends the caller back with the REFER's handle: the bot is dialled for the same
+    # session, rejoined, and welcomes them back on a new pipeline.
+    (handle,) = re.findall(r"X-Voicegate-Resume: (\S+)", log.read_text())
+    AUDIT.register(handle, "resume handle sent on a REFER", "tests/integration")
+    work = tmp_path / "back"
+    work.mkdir()
+    (work / "handle.csv").write_text(f"SEQUENTIAL\n{handle};\n")
+    back = Sipp("uac-rejoin.xml", server.sip_target, work, extra=("-inf", str(work / "handle.csv")))
+    assert back.run() == 0, f"{back.errors()}\n--- bot log:\n{bot.log_tail()}"
+    contexts = wait_for(lambda: bot.contexts()[1:] or None, 15, "the bot to end the rejoin")
+    said = _said(contexts[0]["messages"], "assistant")
+    assert contexts[0]["session_id"] == away["session_id"]
+    assert "Welcome back." in said, contexts[0]["messages"]
