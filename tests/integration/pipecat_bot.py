@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from integrations.pipecat.server import Bot, VoicegateServer
 from tests.integration.harness import LOOPBACK, ROOT, free_port
 
 SECRET = "pipecat-bot-secret-0123456789"
@@ -81,3 +84,44 @@ class PipecatBot:
                 self.process.wait(timeout=5)
         if self.process.stdout is not None:
             self.process.stdout.close()
+
+
+class InProcessServer:
+    """A ``VoicegateServer`` for a bot function of the test's own, on a thread of its own."""
+
+    def __init__(self, bot: Bot) -> None:
+        self.port = free_port(udp_and_tcp=False)
+        self.url = f"ws://{LOOPBACK}:{self.port}/agent"
+        self.server = VoicegateServer(bot, secret=SECRET, url=self.url)
+        self._loop = asyncio.new_event_loop()
+        self._serving: asyncio.Task[None] | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        self._loop.run_forever()
+
+    def start(self) -> InProcessServer:
+        self._thread.start()
+        ready = threading.Event()
+
+        async def serve() -> None:
+            self._serving = asyncio.current_task()
+            await self.server.run(LOOPBACK, self.port, ready=ready.set)
+
+        asyncio.run_coroutine_threadsafe(serve(), self._loop)
+        assert ready.wait(10), "the bot server did not start"
+        return self
+
+    def stop(self) -> None:
+        if self._serving is not None:
+            self._loop.call_soon_threadsafe(self._serving.cancel)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+    def env(self, deadline_s: float = 3.0) -> dict[str, str]:
+        return {
+            "VOICEGATE_AGENT_KIND": "remote",
+            "VOICEGATE_AGENT_URL": self.url,
+            "VOICEGATE_AGENT_SECRET": SECRET,
+            "VOICEGATE_AGENT_RECONNECT_DEADLINE_S": str(deadline_s),
+        }

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from integrations.pipecat import CallInfo, VoicegateTransport
 from tests.conformance.proxy import FROM_AGENT, TO_AGENT, ChaosProxy
 from tests.integration.harness import (
     ROOT,
@@ -28,7 +29,7 @@ from tests.integration.harness import (
     free_port,
     wait_for,
 )
-from tests.integration.pipecat_bot import SECRET, PipecatBot
+from tests.integration.pipecat_bot import SECRET, InProcessServer, PipecatBot
 from tests.integration.resume_handles import away_session
 from tests.integration.rtp_capture import Capture
 from tests.integration.speech_rtp import VOICES, Keys, Say, Step, rtp_packets, write_pcap
@@ -312,3 +313,27 @@ def test_the_bot_transfers_the_caller_to_a_person_who_sends_them_back(
     said = _said(contexts[0]["messages"], "assistant")
     assert contexts[0]["session_id"] == away["session_id"]
     assert "Welcome back." in said, contexts[0]["messages"]
+
+
+def test_a_bot_that_fails_is_started_afresh_once_then_the_call_ends_failed(
+    server_factory: ServerFactory, tmp_path: Path
+) -> None:
+    runs: list[CallInfo] = []
+
+    async def failing(transport: VoicegateTransport) -> None:
+        runs.append(transport.info)
+        raise RuntimeError("the bot's own bug")
+
+    bots = InProcessServer(failing).start()
+    try:
+        server = server_factory(**bots.env())
+        sipp = Sipp("uac-wait-for-bye.xml", server.sip_target, tmp_path)
+        assert sipp.run() == 0, sipp.errors()
+        end = ended(server)
+    finally:
+        bots.stop()
+    assert (end["terminal_state"], end["stage"]) == ("failed", "agent_link"), end
+    # The first failure lost the pipeline, not the call: voicegate started the session again,
+    # resumed (pick the call up); the second failure ended it.
+    assert [info.resumed for info in runs] == [False, True], runs
+    assert len({info.session_id for info in runs}) == 1
