@@ -187,11 +187,29 @@ class MediaSettings:
             "Seconds without caller RTP that count as a media gap (side effects freeze)",
         ),
     )
+    strict_source: str = field(
+        default="auto",
+        metadata=key(
+            one_of("auto", "on", "off"),
+            "Accept each call's RTP only from the source of its first packets after answer "
+            "(and after each re-INVITE); the kernel drops the rest, counted in "
+            "voicegate_rtp_foreign_packets_total. auto: on unless media.address is loopback. "
+            "off lets anyone who guesses a live call's RTP port take the call's audio (RTP "
+            "Bleed): only for a network where nobody else can reach the media ports",
+        ),
+    )
 
     @property
     def advertised_address(self) -> str:
         """The address to put in SDP: ``public_address``, or ``address`` when that is empty."""
         return self.public_address or self.address
+
+    @property
+    def strict_source_on(self) -> bool:
+        """Whether calls' RTP is locked to its caller (``auto``: media beyond loopback)."""
+        if self.strict_source != "auto":
+            return self.strict_source == "on"
+        return not ipaddress.ip_address(self.address).is_loopback
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ from telephony.sip_message import cseq
 if TYPE_CHECKING:
     from telephony.media_health import MediaHealth
     from telephony.port_pool import MediaPort
+    from telephony.strict_source import StrictSource
 
 
 class CallOwner(Protocol):
@@ -74,6 +75,7 @@ class SipCall(pj.Call):  # type: ignore[misc]
         self.held = False
         self.reinvite_pending = False
         self.health: MediaHealth | None = None
+        self.strict: StrictSource | None = None
         self.remote_uri = ""
         self.ack_timed_out = False
         self.remote_tag = ""  # the INVITE's From tag

@@ -55,6 +55,7 @@ from telephony.sip_message import (
     via_transport,
 )
 from telephony.sip_wake import SipWaker
+from telephony.strict_source import StrictSource, drops_by_inode
 from telephony.thread_state import ThreadStatePins
 
 # Importers of these names from this module predate the split (voicegate.runtime, voicegate.cli).
@@ -66,6 +67,7 @@ _POLL_MS = 10
 # With nothing due, the SIP thread blocks this long at most: SIP traffic and SipWaker's keep-alive
 # wake it sooner. The bound only matters if a wake-up is lost.
 _IDLE_WAIT_MS = 1000
+_FOREIGN_COUNT_S = 1.0  # how often the media sockets' drop counters are read
 
 
 class SipEndpoint:
@@ -84,6 +86,7 @@ class SipEndpoint:
         self._commands: queue.SimpleQueue[ev.SipCommand | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="sip", daemon=True)
         self._ready = threading.Event()
+        self._next_foreign_count = 0.0
         self._start_error: str | None = None
         self._stop = threading.Event()
         self._waker = SipWaker(config.sip_address, config.sip_port)
@@ -196,9 +199,15 @@ class SipEndpoint:
 
     def _poll_media_health(self, now: float) -> None:
         """Read each call's received-packet counter; report gaps, returns and holds."""
+        count_foreign = self.config.strict_source and now >= self._next_foreign_count
+        drops = drops_by_inode() if count_foreign else {}
+        if count_foreign:
+            self._next_foreign_count = now + _FOREIGN_COUNT_S
         for call in self._calls.values():
             if call.media_index < 0 or not call.answered:
                 continue
+            if call.strict is not None:
+                self._watch_source(call, call.strict, drops)
             try:
                 packets = call.getStreamStat(call.media_index).rtcp.rxStat.pkt
             except pj.Error:
@@ -208,6 +217,21 @@ class SipEndpoint:
             change = call.health.observe(packets, now, held=call.held)
             if change is not None:
                 self.post(ev.MediaHealthChanged(call.call_id, change.new.value, change.since))
+
+    def _watch_source(self, call: SipCall, strict: StrictSource, drops: dict[int, int]) -> None:
+        """Lock a learning call to the source of its first RTP; count what its filters drop."""
+        if strict.learning:
+            try:
+                info = call.getMedTransportInfo(call.media_index)
+            except pj.Error:
+                return  # the stream is being replaced (re-INVITE)
+            source, rtcp = str(info.srcRtpName), str(info.srcRtcpName)
+            if source and not source.startswith("0.0.0.0") and strict.lock(source, rtcp):
+                self.post(ev.MediaSourceLocked(call.call_id, source))
+        elif drops:
+            foreign = strict.foreign_packets(drops)
+            if foreign:
+                self.post(ev.ForeignRtp(call.call_id, foreign))
 
     def _start_library(self) -> None:
         cfg = self.config
@@ -451,6 +475,9 @@ class SipEndpoint:
         elif info.state == pj.PJSIP_INV_STATE_DISCONNECTED:
             self._half_open.done(call.call_id)
             self._detach_media(call)
+            if call.strict is not None:
+                call.strict.release()
+                call.strict = None
             # Drop the wrapper now, while PJSIP has not yet reused its call index: pjsua2's
             # ~Call() hangs up *whatever call holds its index* and clears that call's user data,
             # so a wrapper outliving its call would end the next caller's call.
@@ -469,6 +496,23 @@ class SipEndpoint:
                         answered=call.answered,
                     )
                 )
+
+    def _strict_source(self, call: SipCall, index: int) -> None:
+        """The call's media is (re)negotiated: learn its caller's RTP source (again)."""
+        if not self.config.strict_source:
+            return
+        if call.strict is not None:
+            call.strict.relearn()  # a re-INVITE may have moved the caller's media
+            return
+        info = call.getMedTransportInfo(index)
+        strict = StrictSource(call.call_id, str(info.localRtpName), str(info.localRtcpName))
+        if not strict.supported:
+            log.warning(
+                "media.source_unfiltered",
+                extra={"call_id": call.call_id, "why": "IPv6 media is not filtered"},
+            )
+            return
+        call.strict = strict
 
     def _bridge_media(self, call: SipCall) -> None:
         peer_id = call.bridge_to or call.bridged_with
@@ -500,6 +544,7 @@ class SipEndpoint:
             call.media_index = media.index
             # a=sendonly / inactive from the caller: a hold, not a failure (media_health).
             call.held = media.status == pj.PJSUA_CALL_MEDIA_REMOTE_HOLD
+            self._strict_source(call, media.index)
             audio = call.getAudioMedia(media.index)
             # A consult leg gets a port like any call: the person hears the brief on it
             # (voicegate/call/consult.py); the caller's own port never reaches it.

@@ -88,6 +88,22 @@ class MediaHealthChanged:
 
 
 @dataclass(frozen=True, slots=True)
+class MediaSourceLocked:
+    """The call's RTP is accepted from ``source`` only from now on (telephony.strict_source)."""
+
+    call_id: str
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class ForeignRtp:
+    """``packets`` from strangers reached the call's media ports and were dropped unread."""
+
+    call_id: str
+    packets: int
+
+
+@dataclass(frozen=True, slots=True)
 class ReinviteStarted:
     """The caller sent a re-INVITE (new address after a handover, codec change, hold)."""
 
@@ -213,6 +229,8 @@ SipEvent = (
     | CallAnswered
     | MediaReady
     | MediaHealthChanged
+    | MediaSourceLocked
+    | ForeignRtp
     | ReinviteStarted
     | ReinviteFinished
     | DtmfReceived

@@ -52,6 +52,8 @@ class EndpointConfig:
     resample_quality: int = 8
     media_port: str = "c"
     ack_timeout_s: float = 8.0
+    # Each call's RTP only from its caller's source (telephony.strict_source).
+    strict_source: bool = False
     # Inbound REFER policy: None refuses every REFER from the caller's side with 403; else it is
     # asked whether the call's tenant may call the Refer-To's bare URI (tenant, uri).
     follow_refer: Callable[[str, str], bool] | None = None

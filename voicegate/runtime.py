@@ -98,6 +98,7 @@ def endpoint_config(settings: Settings) -> EndpointConfig:
         numbers=frozenset(sip.numbers),
         user_agent=sip.user_agent,
         pjsip_log_level=settings.log.pjsip_level,
+        strict_source=media.strict_source_on,
         fast_copy=media.fast_frame_copy,
         media_port=media.port,
         gap_threshold_s=media.gap_threshold_s,
@@ -598,6 +599,18 @@ class Runtime:
             case ev.AckTimedOut(call_id=call_id, after_s=after_s):
                 self.metrics.calls_half_open.inc()
                 log.warning("call.no_ack", extra={"call_id": call_id, "after_s": after_s})
+            case ev.MediaSourceLocked(call_id=call_id, source=source):
+                log.info("media.source_locked", extra={"call_id": call_id, "source": source})
+            case ev.ForeignRtp(call_id=call_id, packets=packets):
+                self.metrics.rtp_foreign_packets.inc(packets)
+                log.warning(
+                    "media.foreign_rtp",
+                    extra={
+                        "call_id": call_id,
+                        "packets": packets,
+                        "why": "RTP from a source other than the caller's: dropped unread",
+                    },
+                )
             case _:
                 call_id = getattr(event, "call_id", "")
                 call = self.calls.get(call_id)

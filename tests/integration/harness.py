@@ -205,6 +205,9 @@ class Server:
         env = {k: v for k, v in os.environ.items() if not k.startswith("VOICEGATE_")}
         env.update(
             {
+                # As beyond loopback (media.strict_source = "auto"): every call's RTP locked
+                # to its caller's source, so every test runs the way production does.
+                "VOICEGATE_MEDIA_STRICT_SOURCE": "on",
                 "VOICEGATE_SIP_PORT": str(self.sip_port),
                 "VOICEGATE_HTTP_PORT": str(self.http_port),
                 "VOICEGATE_MEDIA_RTP_PORT_MIN": str(self.rtp_min),

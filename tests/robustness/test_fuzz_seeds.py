@@ -230,32 +230,49 @@ def test_media_seeds_at_a_live_call(server_factory: ServerFactory, tmp_path: Pat
     assert server.live_calls() == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="PJMEDIA latches a call's outbound RTP onto any new source after a few packets "
-    "(symmetric RTP for NAT); nothing locks it once the caller's media flows",
-)
+@pytest.mark.parametrize("strict", ["on", "off"])
 def test_a_stranger_does_not_take_a_live_calls_audio(
-    server_factory: ServerFactory, tmp_path: Path
+    server_factory: ServerFactory, tmp_path: Path, strict: str
 ) -> None:
-    """The fuzz-rtp seeds alone, from a third party who guessed the media port, redirect the
-    agent's speech to that party. Where it must go: latching
-    (RFC 7362) only until the first packets from the caller's side, as Asterisk's
-    ``strictrtp`` does, or SRTP; pjsua2 2.15.1 exposes no switch for it, so it takes a PJSIP
-    build option or patch. Strict: once fixed, this passes and the marker must go."""
-    server = server_factory()
+    """The fuzz-rtp seeds alone, from a third party who guessed the media port: PJMEDIA latches
+    a call's outbound RTP onto a new source after a few packets in a row (symmetric RTP for NAT),
+    and pjsua2 has no switch for it. With ``media.strict_source`` on (the default beyond
+    loopback) the call's sockets accept only the caller's source once its first RTP has come
+    (telephony/strict_source.py): the stranger's packets are dropped in the kernel, counted, and
+    the call's audio never turns to them. Off, as the setting's help warns, the stranger takes
+    it: the same test shows the leak, so the check itself is known to work."""
+    server = server_factory(VOICEGATE_MEDIA_STRICT_SOURCE=strict)
     call, message_log = speech_call(server, tmp_path / "call")
     try:
         address, rtp, _ = wait_for(lambda: media_ports(message_log), 15, "the SDP answer")
         wait_for(lambda: talking(server), 10, "the caller's audio flowing")
+        if strict == "on":
+            wait_for(
+                lambda: [e for e in server.log_events() if e.get("event") == "media.source_locked"],
+                10,
+                "the call's media to be locked to the caller's source",
+            )
         with stranger() as sock:
+            sent = 0
             for _, seed in seeds("fuzz-rtp"):
                 for datagram in rtp_datagrams(seed):
                     sock.sendto(datagram, (address, rtp))
+                    sent += 1
             # The server sends a frame every 20 ms: a redirect shows within this bound. Every
             # datagram counts, not the first: RTCP (from the next port) may come first, and
             # judging it alone passed this test by chance once.
             leaked = _pcma_received(sock, (address, rtp), 2.0)
-            assert leaked == 0, f"{leaked} packets of the call's PCMA audio went to a stranger"
+        if strict == "off":
+            assert leaked > 0, "the stranger got none of the call's audio with the filter off"
+            return
+        assert leaked == 0, f"{leaked} packets of the call's PCMA audio went to a stranger"
+        wait_for(
+            lambda: server.metric("voicegate_rtp_foreign_packets_total") >= sent or None,
+            5,
+            f"the {sent} foreign packets to be counted",
+        )
+        # The caller's own audio still flows: the call goes on and ends as the caller ends it.
+        assert call.wait() == 0, call.errors()
+        assert server.ended()[0]["terminal_state"] == "completed"
     finally:
         call.kill()

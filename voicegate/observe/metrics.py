@@ -199,6 +199,12 @@ class Metrics:
             ["event"],
             registry=r,
         )
+        self.rtp_foreign_packets = Counter(
+            "voicegate_rtp_foreign_packets_total",
+            "RTP and RTCP packets from a source other than the call's caller, dropped in the "
+            "kernel before PJMEDIA read them (media.strict_source)",
+            registry=r,
+        )
         self.media_gaps = Counter(
             "voicegate_media_gaps_total",
             "Times a call's RTP stopped for longer than media.gap_threshold_s (holds excluded)",
