@@ -196,6 +196,7 @@ class Server:
     argv_prefix: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        self._own_ports = not (self.sip_port or self.http_port)  # free to pick others
         self.sip_port = self.sip_port or free_port()
         self.http_port = self.http_port or free_port(udp_and_tcp=False)
         self.rtp_min, self.rtp_max = rtp_range()
@@ -226,6 +227,22 @@ class Server:
         return env
 
     def start(self, *, wait_ready: bool = True) -> Server:
+        for attempt in range(3):
+            try:
+                return self._start(wait_ready=wait_ready)
+            except AssertionError:
+                # A port picked free can be taken before the server binds it: the kernel hands
+                # bind(0) ports (SIPp's own, another test process's clients) from the range
+                # free_port draws from. Seen in CI: "Error creating SIP TCP listener: Address
+                # already in use". Not the server's doing: new ports, and again.
+                in_use = "Address already in use" in self.log()
+                if attempt == 2 or not in_use or not self._own_ports:
+                    raise
+                self.sip_port, self.http_port = free_port(), free_port(udp_and_tcp=False)
+                self.rtp_min, self.rtp_max = rtp_range()
+        raise AssertionError("unreachable")
+
+    def _start(self, *, wait_ready: bool) -> Server:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         n = len(list(self.data_dir.glob("server-*.log")))
         self.log_path = self.data_dir / f"server-{n}.log"

@@ -113,10 +113,17 @@ class InProcessServer:
         return self
 
     def stop(self) -> None:
-        if self._serving is not None:
-            self._loop.call_soon_threadsafe(self._serving.cancel)
+        serving = self._serving
+
+        async def wind_down() -> None:
+            if serving is not None and not serving.done():
+                serving.cancel()
+                await asyncio.gather(serving, return_exceptions=True)  # (its site cleaned up)
+
+        asyncio.run_coroutine_threadsafe(wind_down(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
+        self._loop.close()
 
     def env(self, deadline_s: float = 3.0) -> dict[str, str]:
         return {
