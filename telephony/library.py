@@ -140,22 +140,28 @@ def tls_config(cfg: EndpointConfig) -> Any:
     return tls
 
 
+# "mandatory" runs PJSIP in its optional mode: its own mandatory mode refuses a plain offer with
+# a bare 488 before pjsua2 hears of the call; telephony.srtp_offer keeps the rule instead, with a
+# Warning saying why, and checks every stream that starts.
 _SRTP_USE = {
     "off": pj.PJMEDIA_SRTP_DISABLED,
     "optional": pj.PJMEDIA_SRTP_OPTIONAL,
-    "mandatory": pj.PJMEDIA_SRTP_MANDATORY,
+    "mandatory": pj.PJMEDIA_SRTP_OPTIONAL,
 }
 
 
 def set_srtp(media_cfg: Any, srtp: str) -> None:
     """``media.srtp`` on an ``AccountMediaConfig``.
 
-    SDES (RFC 4568) carries the keys in the SDP itself, so it is used only on a call whose
-    signaling arrived over TLS (``srtpSecureSignaling = 1``: the hop to us is TLS); DTLS-SRTP
-    (RFC 5763/5764) agrees its keys on the media path and is taken on any transport.
+    SDES (RFC 4568) carries the keys in the SDP itself, so with "mandatory" it is taken only
+    on a call whose INVITE came over TLS (telephony.srtp_offer); DTLS-SRTP (RFC 5763/5764)
+    agrees its keys on the media path and is taken on any transport. PJSIP's own switch for
+    that, ``srtpSecureSignaling``, is left at 0: set, it refuses *every* call not over TLS with
+    406, a plain-RTP caller's too (pjsua_media.c, PJSIP_ESESSIONINSECURE, measured), which
+    would make "optional" refuse what "off" takes.
     """
     media_cfg.srtpUse = _SRTP_USE[srtp]
-    media_cfg.srtpSecureSignaling = 1
+    media_cfg.srtpSecureSignaling = 0
     keyings = pj.IntVector()
     for keying in (pj.PJMEDIA_SRTP_KEYING_SDES, pj.PJMEDIA_SRTP_KEYING_DTLS_SRTP):
         keyings.append(keying)
