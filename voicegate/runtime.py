@@ -115,6 +115,7 @@ def endpoint_config(settings: Settings) -> EndpointConfig:
         tls_cert_file=str(sip.tls_cert_file or ""),
         tls_key_file=str(sip.tls_key_file or ""),
         srtp=media.srtp,
+        tls_tenants=frozenset(t.name for t in tenants if t.require_tls),
     )
 
 

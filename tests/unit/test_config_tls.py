@@ -114,3 +114,20 @@ def test_an_unreadable_or_non_pem_file_names_the_keys(
     junk.write_text("not a key\n")
     (problem,) = tls_problems(load_settings(environ=_env(cert, junk)))
     assert "sip.tls_cert_file" in problem and "sip.tls_key_file" in problem, problem
+
+
+def test_a_tenant_may_require_tls_when_there_is_a_tls_listener(
+    pairs: dict[str, tuple[Path, Path]], tmp_path: Path
+) -> None:
+    from voicegate.runtime import endpoint_config
+
+    toml = tmp_path / "t.toml"
+    toml.write_text(
+        '[tenants.acme]\nnumbers = ["100"]\nrequire_tls = true\n'
+        '[tenants.other]\nnumbers = ["200"]\n'
+    )
+    s = load_settings(toml, environ=_env(*pairs["a"]))
+    assert [t.require_tls for t in s.tenants] == [True, False]
+    assert endpoint_config(s).tls_tenants == frozenset({"acme"})
+    with pytest.raises(ConfigError, match=r"tenants\.acme\.require_tls.*sip\.tls_port"):
+        load_settings(toml, environ={})
