@@ -799,6 +799,16 @@ def _tls_problems(s: Settings) -> list[CrossProblem]:
                     "SIP over TCP holds sip.port: give TLS a port of its own",
                 )
             )
+        if s.pool.workers > 1:
+            # Kamailio's front door speaks UDP and TCP only, and every worker would bind the same
+            # TLS port (docs/pool.md, "TLS and SRTP").
+            problems.append(
+                CrossProblem(
+                    ("sip.tls_port", "pool.workers"),
+                    "SIP over TLS is served by a single process only: the pool's Kamailio does "
+                    "not terminate TLS yet (docs/pool.md); set pool.workers = 1 or tls_port = 0",
+                )
+            )
         if sip.tls_port == s.http.port and _overlap(sip.address, s.http.address):
             problems.append(
                 CrossProblem(

@@ -65,6 +65,10 @@ def test_the_default_has_no_tls_and_plain_rtp() -> None:
         ({"VOICEGATE_SIP_TLS_PORT": "5061"}, ("sip.tls_cert_file =", "sip.tls_key_file =")),
         ({"VOICEGATE_MEDIA_SRTP": "mandatory"}, ("media.srtp =", "sip.tls_port = 0")),
         ({"VOICEGATE_SIP_TLS_PORT": "5060"}, ("sip.tls_port = 5060", "sip.port = 5060")),
+        (
+            {"VOICEGATE_SIP_TLS_PORT": "5061", "VOICEGATE_POOL_WORKERS": "2"},
+            ("sip.tls_port = 5061", "pool.workers = 2", "does not terminate TLS"),
+        ),
     ],
 )
 def test_relations_config_refuses(env: dict[str, str], names: tuple[str, ...]) -> None:
