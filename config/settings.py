@@ -209,10 +209,10 @@ class MediaSettings:
         default="off",
         metadata=key(
             one_of("off", "optional", "mandatory"),
-            "SRTP for call media: off (plain RTP; SRTP offers are answered with plain RTP), "
-            "optional (SRTP when the caller offers it: SDES keys only on calls over TLS, "
-            "DTLS-SRTP on any transport; else plain RTP) or mandatory (a call without SRTP is "
-            "refused 488; needs sip.tls_port) (docs/security.md)",
+            "SRTP for call media (SDES keys): off (plain RTP only), optional (SRTP when the "
+            "caller offers it, else plain RTP) or mandatory (SDES on RTP/SAVP over SIP over TLS "
+            "only; any other offer is refused 488 with a Warning; needs sip.tls_port). While on, "
+            "a DTLS-SRTP offer crashes PJSIP 2.15.1: see docs/security.md, Known hazard",
         ),
     )
 

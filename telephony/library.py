@@ -154,17 +154,20 @@ def set_srtp(media_cfg: Any, srtp: str) -> None:
     """``media.srtp`` on an ``AccountMediaConfig``.
 
     SDES (RFC 4568) carries the keys in the SDP itself, so with "mandatory" it is taken only
-    on a call whose INVITE came over TLS (telephony.srtp_offer); DTLS-SRTP (RFC 5763/5764)
-    agrees its keys on the media path and is taken on any transport. PJSIP's own switch for
+    on a call whose INVITE came over TLS (telephony.srtp_offer). PJSIP's own switch for
     that, ``srtpSecureSignaling``, is left at 0: set, it refuses *every* call not over TLS with
     406, a plain-RTP caller's too (pjsua_media.c, PJSIP_ESESSIONINSECURE, measured), which
     would make "optional" refuse what "off" takes.
     """
     media_cfg.srtpUse = _SRTP_USE[srtp]
     media_cfg.srtpSecureSignaling = 0
+    # SDES only: DTLS-SRTP did not work with baresip 1.0.0's dtls_srtp (PJSIP cannot take its
+    # UDP/TLS/RTP/SAVPF offer: PJMEDIA_SRTP_ESDPINTRANSPORT). Worse, with SRTP on (optional or
+    # mandatory, either keying list) that offer makes pjsua answer 480 and then crash the
+    # process with a segmentation fault, also in a ten-line pjsua2 program (docs/security.md,
+    # "Known hazard"); with srtpUse disabled it is a clean 488.
     keyings = pj.IntVector()
-    for keying in (pj.PJMEDIA_SRTP_KEYING_SDES, pj.PJMEDIA_SRTP_KEYING_DTLS_SRTP):
-        keyings.append(keying)
+    keyings.append(pj.PJMEDIA_SRTP_KEYING_SDES)
     media_cfg.srtpOpt.keyings = keyings
 
 

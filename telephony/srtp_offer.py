@@ -8,11 +8,10 @@ in its optional mode (telephony.library.set_srtp) and the rule is kept here, in
 saying so (RFC 3261 section 20.43). What PJSIP then negotiates is checked again when the media
 starts (:func:`stream_is_srtp`), so that a re-INVITE cannot take a call back to plain RTP.
 
-What can give SRTP (RFC 3711):
-- DTLS-SRTP (RFC 5763/5764): ``UDP/TLS/RTP/SAVP(F)`` or an ``a=fingerprint``; its keys are agreed
-  on the media path, so any SIP transport will do;
-- SDES (RFC 4568): ``a=crypto`` lines, which hold the keys themselves, so only over TLS (section
-  8.3: "MUST NOT be sent in the clear"); PJSIP ignores them otherwise (srtpSecureSignaling).
+What can give SRTP (RFC 3711) here: SDES (RFC 4568), ``a=crypto`` lines on ``RTP/SAVP``, which
+hold the keys themselves, so only over TLS (section 8.3: "MUST NOT be sent in the clear").
+DTLS-SRTP (RFC 5763/5764: ``UDP/TLS/RTP/SAVP(F)``, ``a=fingerprint``) is refused: the wheel's
+PJSIP cannot take baresip's DTLS offer (telephony.library.set_srtp).
 """
 
 from __future__ import annotations
@@ -54,10 +53,14 @@ def srtp_refusal(whole_msg: str, *, over_tls: bool) -> str | None:
     if not audio:
         return "SRTP required: the offer has no audio"
     proto, attributes = audio[0]
-    if proto.startswith("UDP/TLS/") or session_fingerprint:
-        return None
-    if any(a.startswith("a=fingerprint:") for a in attributes):
-        return None
+    if any(a.startswith("a=crypto:") for a in attributes) and not proto.startswith("UDP/TLS/"):
+        pass  # SDES, below (a DTLS offer may list keys too; it is refused as DTLS)
+    elif (
+        proto.startswith("UDP/TLS/")
+        or session_fingerprint
+        or any(a.startswith("a=fingerprint:") for a in attributes)
+    ):
+        return "SRTP required: DTLS-SRTP is not taken here; offer SDES (a=crypto) over TLS"
     if any(a.startswith("a=crypto:") for a in attributes):
         if not over_tls:
             return "SRTP required: SDES keys (a=crypto) are taken only over SIP over TLS"
