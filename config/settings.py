@@ -24,6 +24,7 @@ from config.rules import (
     choice_list,
     directory,
     empty_or_one_of,
+    existing_file,
     float_range,
     header_text,
     http_url,
@@ -126,6 +127,30 @@ class SipSettings:
             "Seconds live calls get after the BYE on SIGTERM before the process exits anyway",
         ),
     )
+    tls_port: int = field(
+        default=0,
+        metadata=key(
+            int_range(0, 65535),
+            "SIP over TLS port on the same address (TLS 1.2 or newer only; callers dial "
+            "sip:...;transport=tls or sips:); 0 = no TLS listener. Needs tls_cert_file and "
+            "tls_key_file, checked at start-up (docs/security.md)",
+        ),
+    )
+    tls_cert_file: Path | None = field(
+        default=None,
+        metadata=key(
+            existing_file(empty_ok=True),
+            "With tls_port: the PEM certificate (chain) the TLS listener presents, leaf first",
+        ),
+    )
+    tls_key_file: Path | None = field(
+        default=None,
+        metadata=key(
+            existing_file(empty_ok=True),
+            "With tls_port: the PEM private key of tls_cert_file (unencrypted; keep it readable "
+            "by voicegate only)",
+        ),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +202,17 @@ class MediaSettings:
             boolean(),
             "Copy frames through the vector's data pointer (verified at start-up) instead of "
             "SWIG's slice-assignment copy; false only to measure the difference",
+        ),
+    )
+
+    srtp: str = field(
+        default="off",
+        metadata=key(
+            one_of("off", "optional", "mandatory"),
+            "SRTP for call media (SDES keys): off (plain RTP only), optional (SRTP when the "
+            "caller offers it, else plain RTP) or mandatory (SDES on RTP/SAVP over SIP over TLS "
+            "only; any other offer is refused 488 with a Warning; needs sip.tls_port). While on, "
+            "a DTLS-SRTP offer crashes PJSIP 2.15.1: see docs/security.md, Known hazard",
         ),
     )
 
@@ -714,6 +750,7 @@ def cross_check(s: Settings) -> list[CrossProblem]:
                 "a wildcard media address needs a public_address to advertise in SDP",
             )
         )
+    problems.extend(_tls_problems(s))
     # SIP over TCP and HTTP would fight for one TCP port; SIP over UDP and RTP for one UDP port.
     if s.sip.port == s.http.port and _overlap(s.sip.address, s.http.address):
         problems.append(
@@ -753,6 +790,65 @@ def cross_check(s: Settings) -> list[CrossProblem]:
     problems.extend(_pool_problems(s))
     problems.extend(_node_problems(s))
     problems.extend(transfer_problems(s.transfer))
+    return problems
+
+
+def _tls_problems(s: Settings) -> list[CrossProblem]:
+    """The TLS listener needs its certificate and key, a port of its own, and mandatory SRTP
+    needs it (SDES keys travel in the SDP: over plain UDP or TCP anyone on the path reads them,
+    RFC 4568 section 8.3). Whether the files hold a matching pair is checked at start-up
+    (voicegate/tls_check.py), not here: the loader does not read files' contents."""
+    sip, problems = s.sip, []
+    files = ("sip.tls_cert_file", "sip.tls_key_file")
+    if sip.tls_port:
+        if sip.tls_cert_file is None or sip.tls_key_file is None:
+            problems.append(
+                CrossProblem(
+                    ("sip.tls_port", *files),
+                    "a TLS listener needs tls_cert_file and tls_key_file (PEM): set both, or "
+                    "set tls_port = 0",
+                )
+            )
+        # SIP over TCP already holds sip.port on this address, and TLS is TCP too.
+        if sip.tls_port == sip.port:
+            problems.append(
+                CrossProblem(
+                    ("sip.tls_port", "sip.port"),
+                    "SIP over TCP holds sip.port: give TLS a port of its own",
+                )
+            )
+        if s.pool.workers > 1:
+            # Kamailio's front door speaks UDP and TCP only, and every worker would bind the same
+            # TLS port (docs/pool.md, "TLS and SRTP").
+            problems.append(
+                CrossProblem(
+                    ("sip.tls_port", "pool.workers"),
+                    "SIP over TLS is served by a single process only: the pool's Kamailio does "
+                    "not terminate TLS yet (docs/pool.md); set pool.workers = 1 or tls_port = 0",
+                )
+            )
+        if sip.tls_port == s.http.port and _overlap(sip.address, s.http.address):
+            problems.append(
+                CrossProblem(
+                    ("sip.tls_port", "http.port"), "SIP over TLS and HTTP need different ports"
+                )
+            )
+    elif sip.tls_cert_file is not None or sip.tls_key_file is not None:
+        problems.append(
+            CrossProblem(
+                ("sip.tls_port", *files),
+                "a certificate and key are used only by a TLS listener: set tls_port, or "
+                "remove them",
+            )
+        )
+    if s.media.srtp == "mandatory" and not sip.tls_port:
+        problems.append(
+            CrossProblem(
+                ("media.srtp", "sip.tls_port"),
+                'srtp = "mandatory" needs SIP over TLS for the keys (SDES, RFC 4568 section '
+                '8.3): set sip.tls_port (with its certificate and key), or use "optional"',
+            )
+        )
     return problems
 
 

@@ -5,6 +5,7 @@ A tenant's table::
     [tenants.acme]
     numbers = ["100", "+4930123"]        # called user parts it owns (empty: any)
     trunks = ["203.0.113.0/24"]          # source addresses its carrier sends from (empty: any)
+    require_tls = true                   # refuse its calls (403) unless they come over TLS
     api_keys = ["<sha256 hex>"]          # digests of its API keys, never the keys
     [tenants.acme.agent]                 # any [agent] key but prompts_dir; the rest inherited
     kind = "python"
@@ -101,9 +102,20 @@ def _tenant(
     problems: list[str] = []
     lists: dict[str, tuple[str, ...]] = {k: () for k in _LISTS}
     sections: dict[str, dict[str, object]] = {k: {} for k in _SUBTABLES}
+    require_tls = False
     for key, raw in body.items():
         dotted = f"tenants.{name}.{key}"
-        if key in _LISTS:
+        if key == "require_tls":
+            if not isinstance(raw, bool):
+                problems.append(f"{dotted}{src}: expected true or false")
+            elif raw and not s.sip.tls_port:
+                problems.append(
+                    f"{dotted}{src}: its calls could never arrive: set sip.tls_port (with "
+                    "sip.tls_cert_file and sip.tls_key_file), or remove require_tls"
+                )
+            else:
+                require_tls = raw
+        elif key in _LISTS:
             if not isinstance(raw, list) or not all(isinstance(i, str) for i in raw):
                 problems.append(f"{dotted}{src}: expected {_LISTS[key].allowed}")
                 continue
@@ -115,7 +127,7 @@ def _tenant(
         elif key in _SUBTABLES and isinstance(raw, dict):
             problems += _section(name, key, raw, src, sections[key])
         else:
-            known = ", ".join([*_LISTS, *(f"[{name}.{t}]" for t in _SUBTABLES)])
+            known = ", ".join([*_LISTS, "require_tls", *(f"[{name}.{t}]" for t in _SUBTABLES)])
             problems.append(f"{dotted}{src}: unknown key; known: {known}")
     if problems:
         return None, problems
@@ -126,7 +138,14 @@ def _tenant(
         keys = ", ".join(k if k.startswith("session.") else f"tenants.{name}.{k}" for k in p.keys)
         problems.append(f"{keys}{src}: {p.reason}")
     tenant = TenantSettings(
-        name, lists["numbers"], lists["trunks"], lists["api_keys"], agent, transfer, outbound
+        name,
+        lists["numbers"],
+        lists["trunks"],
+        lists["api_keys"],
+        agent,
+        transfer,
+        outbound,
+        require_tls,
     )
     return tenant, problems
 

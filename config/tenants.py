@@ -33,6 +33,8 @@ class TenantSettings:
     agent: AgentSettings
     transfer: TransferSettings
     outbound: OutboundSettings  # POST /v1/calls for this tenant: its targets, ring time, From
+    # Its calls must arrive over SIP over TLS (sip.tls_port); one over UDP or TCP is refused 403.
+    require_tls: bool = False
 
     def takes(self, called_user: str, source: str) -> int:
         """How specifically this tenant claims a call: 0 not at all; a listed number counts more

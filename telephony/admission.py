@@ -39,6 +39,8 @@ class Decision:
     reason: str
     not_before: float = 0.0
     tenant: str = DEFAULT_TENANT
+    # Why, for the caller: sent as a Warning header with the refusal (RFC 3261 section 20.43).
+    warning: str = ""
 
 
 ACCEPT = Decision(None, "accepted")
@@ -55,6 +57,7 @@ class Admission:
         numbers: frozenset[str] = frozenset(),
         route: Route | None = None,
         burst: float | None = None,
+        tls_tenants: frozenset[str] = frozenset(),
     ) -> None:
         if max_calls < 1 or rate <= 0:
             raise ValueError("max_calls must be >= 1 and rate > 0")
@@ -63,6 +66,8 @@ class Admission:
         self.burst = burst if burst is not None else max(1.0, float(max_calls))
         self.numbers = numbers
         self.route = route
+        # Tenants whose calls must come over TLS (tenants.<name>.require_tls).
+        self.tls_tenants = tls_tenants
         self.draining = False
         # The session store does not answer (docs/storage.md): a new call could not even record
         # that it began, so it is refused and the front door tries another worker.
@@ -87,6 +92,8 @@ class Admission:
         now: float,
         source: str = "",
         bad_offer: BadOffer | None = None,
+        srtp_refusal: str | None = None,
+        over_tls: bool = False,
     ) -> Decision:
         """Decide an INVITE that PJSIP has turned into a call slot at ``now``.
 
@@ -95,7 +102,9 @@ class Admission:
         ``bad_offer`` is telephony.offer_check's verdict on it. A refused INVITE costs the same
         sockets as an accepted one, so the rate comes first: a flood of malformed offers refused
         at once would exhaust the ioqueue as surely as a flood of calls (PROTOS c07-sip,
-        sdp-connection-ip replayed back to back aborted a worker this way).
+        sdp-connection-ip replayed back to back aborted a worker this way). ``srtp_refusal``
+        is telephony.srtp_offer's reason an offer cannot have SRTP (media.srtp = mandatory);
+        ``over_tls`` whether the INVITE came over TLS, for a tenant that requires it.
         """
         if self.draining:
             # RFC 3261 21.5.4: 503 tells the front door to try another worker.
@@ -106,6 +115,9 @@ class Admission:
             return Decision(503, "setup_rate", now + SLOT_HOLD_S)
         if bad_offer is not None:
             return Decision(bad_offer.status, bad_offer.reason, now)
+        if srtp_refusal is not None:
+            # RFC 3261 section 21.4.26: the session description is not acceptable.
+            return Decision(488, "srtp_required", now, warning=srtp_refusal)
         if self.numbers and called_user not in self.numbers:
             return Decision(404, "unknown_number", now)
         tenant = DEFAULT_TENANT
@@ -114,6 +126,15 @@ class Admission:
             if owner is None:
                 return Decision(404, "unknown_number", now)
             tenant = owner
+        if tenant in self.tls_tenants and not over_tls:
+            # RFC 3261 section 21.4.4: understood, and refused; retrying as it is will not help.
+            return Decision(
+                403,
+                "tls_required",
+                now,
+                tenant=tenant,
+                warning="this number takes calls over SIP over TLS only",
+            )
         if live_calls >= self.max_calls:
             return Decision(486, "capacity", now)
         return ACCEPT if tenant == DEFAULT_TENANT else Decision(None, "accepted", tenant=tenant)

@@ -55,6 +55,7 @@ from telephony.sip_message import (
     via_transport,
 )
 from telephony.sip_wake import SipWaker
+from telephony.srtp_offer import srtp_refusal, stream_is_srtp, warning_header
 from telephony.strict_source import StrictSource, drops_by_inode
 from telephony.thread_state import ThreadStatePins
 
@@ -95,6 +96,7 @@ class SipEndpoint:
             rate=config.max_setup_rate,
             numbers=config.numbers,
             route=config.route,
+            tls_tenants=config.tls_tenants,
         )
         # SIP-thread state.
         self._ep: SipLibrary | None = None
@@ -158,6 +160,10 @@ class SipEndpoint:
         assert copier is not None
         addresses = tuple(
             f"{proto}:{self.config.sip_address}:{self.config.sip_port}" for proto in ("udp", "tcp")
+        ) + (
+            (f"tls:{self.config.sip_address}:{self.config.tls_port}",)
+            if self.config.tls_port
+            else ()
         )
         self.post(ev.TransportsUp(addresses, copier.fast, "c" if self._ports.c_ports else "python"))
         self._ready.set()
@@ -376,12 +382,21 @@ class SipEndpoint:
         source = source_address(
             str(prm.rdata.srcAddress), whole, trust_header=self.config.trusted_source_header
         )
+        # The transport the INVITE really came on: PJSIP makes our Contact from it (a Via
+        # saying TLS is the sender's word only).
+        over_tls = "transport=tls" in info.localContact.lower() or info.localContact.startswith(
+            "sips:"
+        )
         decision = self.admission.decide(
             live_calls=len(self._calls),
             called_user=request_user(whole),
             now=now,
             source=source,
             bad_offer=bad,
+            srtp_refusal=(
+                srtp_refusal(whole, over_tls=over_tls) if self.config.srtp == "mandatory" else None
+            ),
+            over_tls=over_tls,
         )
         if decision.status is not None:
             self.post(ev.CallRefused(decision.status, decision.reason, info.remoteUri))
@@ -394,7 +409,13 @@ class SipEndpoint:
                 },
             )
             # Keep the wrapper alive until PJSIP reports the call gone.
-            self._refusals.refuse(call, decision.status, not_before=decision.not_before, now=now)
+            self._refusals.refuse(
+                call,
+                decision.status,
+                not_before=decision.not_before,
+                now=now,
+                warning=warning_header(decision.warning) if decision.warning else "",
+            )
             return
         call.accepted = True
         call.tenant = decision.tenant
@@ -540,6 +561,10 @@ class SipEndpoint:
             if media.status not in (pj.PJSUA_CALL_MEDIA_ACTIVE, pj.PJSUA_CALL_MEDIA_REMOTE_HOLD):
                 continue
             stream = call.getStreamInfo(media.index)
+            if self.config.srtp == "mandatory" and not stream_is_srtp(stream.proto):
+                # A re-INVITE that took the call to plain RTP (telephony.srtp_offer).
+                self._hang_up(call, 488, "SRTP required")
+                return
             rate = int(stream.codecClockRate)
             call.media_index = media.index
             # a=sendonly / inactive from the caller: a hold, not a failure (media_health).

@@ -63,10 +63,20 @@ class EndpointConfig:
     # Behind the pool's front door every INVITE comes from Kamailio, which puts the caller's
     # own source address in X-Voicegate-Source (after removing any the caller sent).
     trusted_source_header: bool = False
+    # SIP over TLS (docs/security.md): 0 = no TLS listener; else its port and PEM files, which
+    # voicegate.tls_files has already checked.
+    tls_port: int = 0
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    # media.srtp: "off", "optional" or "mandatory".
+    srtp: str = "off"
+    # Tenants whose calls must arrive over TLS (tenants.<name>.require_tls).
+    tls_tenants: frozenset[str] = frozenset()
 
 
 def start_library(ep: Any, cfg: EndpointConfig, writer: LogWriter) -> None:
-    """Create, configure and start ``ep`` (a ``pj.Endpoint``): UDP and TCP transports bound.
+    """Create, configure and start ``ep`` (a ``pj.Endpoint``): UDP and TCP transports bound,
+    and TLS when ``cfg.tls_port`` is set.
 
     Raises ``pj.Error`` if the library cannot start; the caller destroys it then. ``writer`` must
     outlive the library (PJSIP calls it back).
@@ -104,8 +114,63 @@ def start_library(ep: Any, cfg: EndpointConfig, writer: LogWriter) -> None:
         tcfg.port = cfg.sip_port
         tcfg.boundAddress = cfg.sip_address
         ep.transportCreate(kind, tcfg)
+    if cfg.tls_port:
+        tcfg = pj.TransportConfig()
+        tcfg.port = cfg.tls_port
+        tcfg.boundAddress = cfg.sip_address
+        tcfg.tlsConfig = tls_config(cfg)
+        ep.transportCreate(pj.PJSIP_TRANSPORT_TLS6 if ipv6 else pj.PJSIP_TRANSPORT_TLS, tcfg)
     ep.libStart()
     set_codec_priorities(ep, cfg.codecs)
+
+
+def tls_config(cfg: EndpointConfig) -> Any:
+    """The TLS listener's settings: our certificate, TLS 1.2 and 1.3 only.
+
+    ``proto`` wins over ``method`` in PJSIP (sip_transport_tls.c: the method is used only when
+    proto is 0); TLS 1.0 and 1.1 are deprecated (RFC 8996) and refused in the handshake. Callers
+    are not asked for a certificate: carriers and phones authenticate by trunk address or
+    digest, not by client certificates.
+    """
+    tls = pj.TlsConfig()
+    tls.certFile = cfg.tls_cert_file
+    tls.privKeyFile = cfg.tls_key_file
+    tls.method = pj.PJSIP_TLSV1_2_METHOD
+    tls.proto = pj.PJ_SSL_SOCK_PROTO_TLS1_2 | pj.PJ_SSL_SOCK_PROTO_TLS1_3
+    tls.verifyClient = False
+    tls.requireClientCert = False
+    return tls
+
+
+# "mandatory" runs PJSIP in its optional mode: its own mandatory mode refuses a plain offer with
+# a bare 488 before pjsua2 hears of the call; telephony.srtp_offer keeps the rule instead, with a
+# Warning saying why, and checks every stream that starts.
+_SRTP_USE = {
+    "off": pj.PJMEDIA_SRTP_DISABLED,
+    "optional": pj.PJMEDIA_SRTP_OPTIONAL,
+    "mandatory": pj.PJMEDIA_SRTP_OPTIONAL,
+}
+
+
+def set_srtp(media_cfg: Any, srtp: str) -> None:
+    """``media.srtp`` on an ``AccountMediaConfig``.
+
+    SDES (RFC 4568) carries the keys in the SDP itself, so with "mandatory" it is taken only
+    on a call whose INVITE came over TLS (telephony.srtp_offer). PJSIP's own switch for
+    that, ``srtpSecureSignaling``, is left at 0: set, it refuses *every* call not over TLS with
+    406, a plain-RTP caller's too (pjsua_media.c, PJSIP_ESESSIONINSECURE, measured), which
+    would make "optional" refuse what "off" takes.
+    """
+    media_cfg.srtpUse = _SRTP_USE[srtp]
+    media_cfg.srtpSecureSignaling = 0
+    # SDES only: DTLS-SRTP did not work with baresip 1.0.0's dtls_srtp (PJSIP cannot take its
+    # UDP/TLS/RTP/SAVPF offer: PJMEDIA_SRTP_ESDPINTRANSPORT). Worse, with SRTP on (optional or
+    # mandatory, either keying list) that offer makes pjsua answer 480 and then crash the
+    # process with a segmentation fault, also in a ten-line pjsua2 program (docs/security.md,
+    # "Known hazard"); with srtpUse disabled it is a clean 488.
+    keyings = pj.IntVector()
+    keyings.append(pj.PJMEDIA_SRTP_KEYING_SDES)
+    media_cfg.srtpOpt.keyings = keyings
 
 
 def set_codec_priorities(ep: Any, codecs: tuple[str, ...]) -> None:
@@ -127,6 +192,7 @@ def account_config(cfg: EndpointConfig) -> Any:
     media_tp.publicAddress = cfg.media_advertised_address
     media_tp.port = cfg.rtp_port_min
     media_tp.portRange = cfg.rtp_port_max - cfg.rtp_port_min
+    set_srtp(acc_cfg.mediaConfig, cfg.srtp)
     # RFC 4028: offered and accepted when the caller supports it; PJSIP refreshes when it is
     # the refresher and ends the dialog (408, BYE) when no refresh comes.
     acc_cfg.callConfig.timerUse = pj.PJSUA_SIP_TIMER_OPTIONAL

@@ -19,17 +19,23 @@ log = logging.getLogger("voicegate.sip")
 class Refusals:
     def __init__(self) -> None:
         self.calls: dict[str, SipCall] = {}
-        self._held: list[tuple[float, SipCall, int]] = []
+        self._held: list[tuple[float, SipCall, int, str]] = []
 
     def __bool__(self) -> bool:
         return bool(self.calls)
 
-    def refuse(self, call: SipCall, status: int, *, not_before: float, now: float) -> None:
+    def refuse(
+        self, call: SipCall, status: int, *, not_before: float, now: float, warning: str = ""
+    ) -> None:
         """Answer ``call`` with ``status`` now, or at ``not_before`` if that is later; a 503 sent
-        now carries ``Retry-After``."""
+        now carries ``Retry-After``, and a refusal with a ``warning`` (a Warning header value,
+        telephony.srtp_offer.warning_header) carries that."""
         self.calls[call.call_id] = call
-        if not_before > now:
-            self._held.append((not_before, call, status))
+        if not_before > now or warning:
+            # A refusal sent from inside onIncomingCall loses its headers (pjsua answers for
+            # the call once the callback returns, with the status code alone: measured, no
+            # Warning on the wire); one sent on the SIP loop's next turn keeps them.
+            self._held.append((max(not_before, now), call, status, warning))
         else:
             _send(call, status, retry_after=status == 503)
 
@@ -43,9 +49,9 @@ class Refusals:
         due = [item for item in self._held if item[0] <= now]
         if due:
             self._held = [item for item in self._held if item[0] > now]
-            for _, call, status in due:
+            for _, call, status, warning in due:
                 if call.call_id in self.calls:
-                    _send(call, status, retry_after=True)
+                    _send(call, status, retry_after=status == 503, warning=warning)
 
     def forget(self, call: SipCall) -> None:
         """PJSIP reported ``call`` gone: drop its wrapper (telephony.endpoint says why now)."""
@@ -58,14 +64,15 @@ class Refusals:
         self.calls.clear()
 
 
-def _send(call: SipCall, status: int, *, retry_after: bool) -> None:
+def _send(call: SipCall, status: int, *, retry_after: bool, warning: str = "") -> None:
     prm = pj.CallOpParam()
     prm.statusCode = status
-    if retry_after:
-        header = pj.SipHeader()
-        header.hName = "Retry-After"
-        header.hValue = "1"
-        prm.txOption.headers.append(header)
+    for name, value in (("Retry-After", "1" if retry_after else ""), ("Warning", warning)):
+        if value:
+            header = pj.SipHeader()
+            header.hName = name
+            header.hValue = value
+            prm.txOption.headers.append(header)
     call.local_hangup = True
     try:
         call.hangup(prm)

@@ -85,10 +85,21 @@ _RESUME_HANDLE = re.compile(r"vgr1\.[0-9a-f]{16}\.[A-Za-z0-9_-]{43}")
 _RESUME_HANDLE_HEX = re.compile(r"(?i)766772312e(?:[0-9a-f]{2})+")
 
 
+# SRTP master keys and salts (base64): in an SDES offer or answer ("a=crypto:1
+# AES_CM_128_HMAC_SHA1_80 inline:KEY|2^20|1:4", RFC 4568 section 6.1) and in pjmedia's
+# transport_srtp.c lines at level 5 ("TX: AES_CM_128_HMAC_SHA1_80 key=KEY"). Whoever holds one
+# decrypts the call's media. What follows the key (|lifetime|MKI) is not secret.
+_SRTP_INLINE = re.compile(r"(?i)(inline:)[A-Za-z0-9+/=]+")
+_SRTP_KEY = re.compile(r"(?i)(\bkey=)[A-Za-z0-9+/]{16,}={0,2}")
+
+
 def mask_text(text: str, keep: int = 3) -> str:
     """``text`` with every SIP/tel URI's user part and every quoted display name masked as
-    :func:`mask_uri` does, and every resume handle replaced: for text that may quote whole SIP
-    messages (PJSIP's own log lines; a REFER carries X-Voicegate-Resume)."""
+    :func:`mask_uri` does, and every resume handle and SRTP key replaced: for text that may
+    quote whole SIP messages (PJSIP's own log lines; a REFER carries X-Voicegate-Resume, an SDES
+    offer its media keys)."""
+    text = _SRTP_INLINE.sub(r"\1<redacted>", text)
+    text = _SRTP_KEY.sub(r"\1<redacted>", text)
     text = _RESUME_HANDLE.sub("vgr1.<redacted>", text)
     text = _RESUME_HANDLE_HEX.sub("<redacted>", text)
     text = _ANY_USER.sub(lambda m: m.group(1) + _mask_digits(m.group(2), keep), text)

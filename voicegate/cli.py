@@ -31,6 +31,7 @@ from voicegate.pool.kamailio_config import render_config, render_dispatcher_list
 from voicegate.pool.supervisor import Supervisor, SupervisorStartError
 from voicegate.runtime import Runtime, agent_factories, prompt_problems
 from voicegate.signals import stop_signals
+from voicegate.tls_files import tls_problems
 
 log = logging.getLogger("voicegate")
 
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     except AgentLoadError as exc:
         print(f"voicegate: config error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-    for problem in prompt_problems(settings):
+    for problem in [*prompt_problems(settings), *tls_problems(settings)]:
         print(f"voicegate: config error: {problem}", file=sys.stderr)
         return EXIT_CONFIG
     if args.command == "check-config":

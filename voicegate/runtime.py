@@ -112,6 +112,11 @@ def endpoint_config(settings: Settings) -> EndpointConfig:
         route=tenants.route,
         # A pooled worker hears only its front door, which names the caller's source address.
         trusted_source_header=settings.pool.workers > 1 and settings.pool.front_door,
+        tls_port=sip.tls_port,
+        tls_cert_file=str(sip.tls_cert_file or ""),
+        tls_key_file=str(sip.tls_key_file or ""),
+        srtp=media.srtp,
+        tls_tenants=frozenset(t.name for t in tenants if t.require_tls),
     )
 
 

@@ -28,6 +28,7 @@ TEST_ONLY = {
     "chromium",
     "iproute2",
     "postgresql",
+    "baresip-core",
 }
 SERVE = {"espeak-ng", "gcc"}
 
@@ -108,6 +109,7 @@ def test_tests_after_serving_add_the_dev_extra_to_the_same_venv(
     tmp_path: Path, checkout: Path
 ) -> None:
     tools = ["espeak-ng", "cc", "sipp", "tcpdump", "kamailio", "promtool", "chromium", "ip"]
+    tools.append("baresip")
     bin_dir = _bin_dir(tmp_path, *tools, "apt-get", "sudo")
     calls = tmp_path / "calls.log"
 

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from telephony.pjsip_log import LogWriter, emit, logging_level
+from tests.secret_audit import AUDIT
 
 CALLER = "+15550100123"
 
@@ -86,3 +87,40 @@ def test_a_line_below_the_loggers_level_costs_no_masking(
     caplog.set_level(logging.INFO, logger="pjsip")
     emit(5, "conference.c Creating conference bridge with 254 ports")
     assert not caplog.records
+
+
+# Two SDES keys as PJSIP quotes them (base64 of 30 random bytes: master key and salt); the secret
+# audit proves they reach no output of the run, this test that the masking takes them out.
+SDES_KEYS = ("NjdSb+ZijEYOWlHRXd6WQFl/W1EOrHfJv0vgLYrQ", "/uM01LlcDhYsR/R78hwh04gECdLAM4vG96r37gx2")
+for _key in SDES_KEYS:
+    AUDIT.register(_key, "SRTP master key", "tests/unit/test_pjsip_log.py")
+
+
+@pytest.mark.parametrize(
+    ("pjsip_level", "line"),
+    [
+        # A whole SDP as pjsua_core.c quotes it at level 4 (RFC 4568 section 6.1; the MKI and
+        # lifetime that may follow the key are not secret).
+        (
+            4,
+            "pjsua_core.c RX 937 bytes Request msg INVITE/cseq=1:\r\nm=audio 15126 RTP/SAVP 8"
+            f"\r\na=crypto:1 AES_CM_128_HMAC_SHA1_80 inline:{SDES_KEYS[0]}|2^20|1:4\r\n"
+            f"a=crypto:2 AES_CM_128_HMAC_SHA1_32 inline:{SDES_KEYS[1]}\r\n",
+        ),
+        # transport_srtp.c at level 5, when the stream starts.
+        (5, f"srtp0x7f3e240c22c0 TX: AES_CM_128_HMAC_SHA1_80 key={SDES_KEYS[1]}"),
+        (5, f"srtp0x7f3e240c22c0 RX: AES_CM_128_HMAC_SHA1_80 key={SDES_KEYS[0]}"),
+    ],
+)
+def test_srtp_keys_never_reach_the_log(
+    caplog: pytest.LogCaptureFixture, pjsip_level: int, line: str
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="pjsip")
+    emit(pjsip_level, line)
+    (record,) = caplog.records
+    text = record.getMessage()
+    assert not any(key in text for key in SDES_KEYS), text
+    # Not a prefix or a tail of one either: the key is cut whole.
+    assert not any(key[:8] in text or key[-8:] in text for key in SDES_KEYS), text
+    assert "<redacted>" in text
+    assert "AES_CM_128_HMAC_SHA1_80" in text  # what is negotiated stays readable

@@ -132,8 +132,8 @@ def load_tenants_with_key(key: str) -> Tenants:
         ),
         (
             '[tenants.acme]\nnumber = ["1"]',
-            "tenants.acme.number: unknown key; known: numbers, trunks, api_keys, [acme.agent], "
-            "[acme.transfer], [acme.outbound]",
+            "tenants.acme.number: unknown key; known: numbers, trunks, api_keys, require_tls, "
+            "[acme.agent], [acme.transfer], [acme.outbound]",
         ),
         (
             '[tenants.acme.outbound]\ncaller_id = "+4930100"',
