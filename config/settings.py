@@ -211,8 +211,8 @@ class MediaSettings:
             one_of("off", "optional", "mandatory"),
             "SRTP for call media (SDES keys): off (plain RTP only), optional (SRTP when the "
             "caller offers it, else plain RTP) or mandatory (SDES on RTP/SAVP over SIP over TLS "
-            "only; any other offer is refused 488 with a Warning; needs sip.tls_port). While on, "
-            "a DTLS-SRTP offer crashes PJSIP 2.15.1: see docs/security.md, Known hazard",
+            "only; any other offer is refused 488 with a Warning; needs sip.tls_port). DTLS-SRTP "
+            "offers are refused 488 (docs/security.md)",
         ),
     )
 

@@ -15,6 +15,7 @@ import pjsua2 as pj
 from telephony import events as ev
 from telephony.dialog_end import DialogKey
 from telephony.sip_message import cseq
+from telephony.srtp_offer import offers_dtls
 
 if TYPE_CHECKING:
     from telephony.media_health import MediaHealth
@@ -48,6 +49,14 @@ class SipLibrary(pj.Endpoint):  # type: ignore[misc]
     def __init__(self, owner: CallOwner) -> None:
         super().__init__()
         self._owner = owner
+        # With media.srtp on: the account without SRTP that DTLS offers are given to.
+        self.plain_account_id: int | None = None
+
+    def onSelectAccount(self, prm: Any) -> None:
+        # An out-of-dialog request, before pjsua makes anything of it: a DTLS offer must not
+        # reach the SRTP account, where the wheel's PJSIP crashes on it (telephony.srtp_offer).
+        if self.plain_account_id is not None and offers_dtls(prm.rdata.wholeMsg):
+            prm.accountIndex = self.plain_account_id
 
     def onRejectedIncomingCall(self, prm: Any) -> None:
         # PJSIP's own refusals, made before any call object exists. Above all 486 when every call

@@ -101,6 +101,7 @@ class SipEndpoint:
         # SIP-thread state.
         self._ep: SipLibrary | None = None
         self._account: SipAccount | None = None
+        self._plain_account: SipAccount | None = None
         self._log_writer: LogWriter | None = None
         # Every pjsua2 Call wrapper lives in exactly one of these until PJSIP reports it
         # DISCONNECTED, and is dropped right then (see on_call_state for why).
@@ -251,6 +252,12 @@ class SipEndpoint:
             self._ports.start_c_ports()
         self._account = SipAccount(self)
         self._account.create(account_config(cfg), True)
+        if cfg.srtp != "off":
+            # DTLS offers go to an account without SRTP: a clean 488, not a crash
+            # (telephony.srtp_offer.offers_dtls).
+            self._plain_account = SipAccount(self)
+            self._plain_account.create(account_config(cfg, srtp="off"), False)
+            ep.plain_account_id = self._plain_account.getId()
         self._terminator = DialogTerminator.load()
 
     def _destroy_library(self) -> None:
@@ -268,6 +275,10 @@ class SipEndpoint:
             if self._account is not None:
                 self._account.shutdown()
             self._account = None
+            if self._plain_account is not None:
+                ep.plain_account_id = None
+                self._plain_account.shutdown()
+            self._plain_account = None
             ports = self._ports.release_all()
             ep.libDestroy()
             # The conference and its ports are gone with the library: the Python wrappers must

@@ -166,8 +166,8 @@ def set_srtp(media_cfg: Any, srtp: str) -> None:
     # SDES only: DTLS-SRTP did not work with baresip 1.0.0's dtls_srtp (PJSIP cannot take its
     # UDP/TLS/RTP/SAVPF offer: PJMEDIA_SRTP_ESDPINTRANSPORT). Worse, with SRTP on (optional or
     # mandatory, either keying list) that offer makes pjsua answer 480 and then crash the
-    # process with a segmentation fault, also in a ten-line pjsua2 program (docs/security.md,
-    # "Known hazard"); with srtpUse disabled it is a clean 488.
+    # process, also in a ten-line pjsua2 program; with srtpUse disabled it is a clean 488. So
+    # such offers never reach this account (telephony.srtp_offer.offers_dtls).
     keyings = pj.IntVector()
     keyings.append(pj.PJMEDIA_SRTP_KEYING_SDES)
     media_cfg.srtpOpt.keyings = keyings
@@ -181,8 +181,9 @@ def set_codec_priorities(ep: Any, codecs: tuple[str, ...]) -> None:
         ep.codecSetPriority(info.codecId, wanted.get(info.codecId, 0))
 
 
-def account_config(cfg: EndpointConfig) -> Any:
-    """The one account's configuration: its URI, RTP addresses and ports, session timers."""
+def account_config(cfg: EndpointConfig, *, srtp: str | None = None) -> Any:
+    """The account's configuration: its URI, RTP addresses and ports, session timers;
+    ``srtp`` overrides ``cfg.srtp`` (the account DTLS offers go to: telephony.srtp_offer)."""
     ipv6 = ":" in cfg.sip_address
     host = f"[{cfg.sip_address}]" if ipv6 else cfg.sip_address
     acc_cfg = pj.AccountConfig()
@@ -192,7 +193,7 @@ def account_config(cfg: EndpointConfig) -> Any:
     media_tp.publicAddress = cfg.media_advertised_address
     media_tp.port = cfg.rtp_port_min
     media_tp.portRange = cfg.rtp_port_max - cfg.rtp_port_min
-    set_srtp(acc_cfg.mediaConfig, cfg.srtp)
+    set_srtp(acc_cfg.mediaConfig, cfg.srtp if srtp is None else srtp)
     # RFC 4028: offered and accepted when the caller supports it; PJSIP refreshes when it is
     # the refresher and ends the dialog (408, BYE) when no refresh comes.
     acc_cfg.callConfig.timerUse = pj.PJSUA_SIP_TIMER_OPTIONAL

@@ -72,6 +72,25 @@ def srtp_refusal(whole_msg: str, *, over_tls: bool) -> str | None:
     return "SRTP required: the offer has plain RTP only (no a=crypto or DTLS fingerprint)"
 
 
+def offers_dtls(whole_msg: str) -> bool:
+    """Whether an INVITE offers media over DTLS (``UDP/TLS/...`` or ``TCP/TLS/...``).
+
+    The wheel's PJSIP, with SRTP on, takes such an offer into its SRTP transport, fails it
+    (``PJMEDIA_SRTP_ESDPINTRANSPORT``) after the call is created and then crashes the process
+    (measured: a segfault in libHandleEvents, or an assertion, whatever the answer). With SRTP
+    off the same offer is a clean 488. So such an INVITE is given to an account without SRTP
+    before pjsua sees it (telephony.calls.SipLibrary.onSelectAccount).
+    """
+    if not whole_msg.startswith("INVITE "):
+        return False
+    _head, _sep, body = whole_msg.partition("\r\n\r\n")
+    for raw in body.splitlines():
+        match = _MEDIA.match(raw.strip())
+        if match and match.group(2).upper().startswith(("UDP/TLS/", "TCP/TLS/")):
+            return True
+    return False
+
+
 def warning_header(text: str) -> str:
     """A Warning header value (RFC 3261 section 20.43: 399 is miscellaneous) for ``text``."""
     return f'399 {WARNING_AGENT} "{text.replace(chr(34), chr(39))}"'

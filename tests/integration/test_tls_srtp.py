@@ -345,3 +345,21 @@ def test_the_tls_listener_takes_tls_1_2_and_not_older(
     out = done.stdout.decode(errors="replace") + done.stderr.decode(errors="replace")
     shook_hands = "Cipher is (NONE)" not in out and "Verify return code: 0 (ok)" in out
     assert shook_hands is accepted, out + server.log()[-2000:]
+
+
+@pytest.mark.parametrize("srtp", ["optional", "mandatory"])
+def test_a_dtls_offer_is_refused_and_the_server_lives_on(
+    server_factory: ServerFactory, certs: Certs, tmp_path: Path, srtp: str
+) -> None:
+    """The wheel's PJSIP crashes on a DTLS-SRTP offer while SRTP is on (telephony.srtp_offer,
+    offers_dtls); voicegate hands it to an account without SRTP first: a 488, nothing else."""
+    server = server_factory("srtp", **_tls_env(certs, free_port(), srtp=srtp))
+    sipp = Sipp("uac-dtls-refused.xml", server.sip_target, tmp_path / "dtls")
+    assert sipp.run() == 0, sipp.errors() + server.log()[-3000:]
+    # Still serving: the next caller is answered (a plain offer where SRTP is optional).
+    assert server.process is not None and server.process.poll() is None, server.log()[-3000:]
+    if srtp == "optional":
+        after = Sipp("uac-server-hangup.xml", server.sip_target, tmp_path / "after")
+        assert after.run() == 0, after.errors() + server.log()[-3000:]
+    status, _ = server.http("/readyz")
+    assert status == 200

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from telephony.admission import Admission
-from telephony.srtp_offer import srtp_refusal, stream_is_srtp, warning_header
+from telephony.srtp_offer import offers_dtls, srtp_refusal, stream_is_srtp, warning_header
 
 HEAD = "INVITE sip:100@127.0.0.1 SIP/2.0\r\nContent-Type: application/sdp\r\n\r\n"
 SDP = "v=0\r\no=- 1 1 IN IP4 127.0.0.1\r\ns=-\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\n"
@@ -68,3 +68,19 @@ def test_a_tenant_that_requires_tls_refuses_its_calls_over_udp_with_403() -> Non
     assert "TLS" in refused.warning
     assert adm.decide(live_calls=0, called_user="100", now=1.0, over_tls=True).status is None
     assert adm.decide(live_calls=0, called_user="200", now=2.0, over_tls=False).status is None
+
+
+def test_dtls_offers_are_told_from_the_rest() -> None:
+    def invite(proto: str) -> str:
+        return (
+            "INVITE sip:a@b SIP/2.0\r\nContent-Type: application/sdp\r\n\r\n"
+            f"v=0\r\nm=audio 4000 {proto} 8\r\na=rtpmap:8 PCMA/8000\r\n"
+        )
+
+    assert offers_dtls(invite("UDP/TLS/RTP/SAVPF"))
+    assert offers_dtls(invite("udp/tls/rtp/savp"))
+    assert offers_dtls(invite("TCP/TLS/RTP/SAVP"))
+    for proto in ("RTP/AVP", "RTP/SAVP", "RTP/SAVPF", "RTP/AVPF"):
+        assert not offers_dtls(invite(proto)), proto
+    assert not offers_dtls("OPTIONS sip:a@b SIP/2.0\r\n\r\nm=audio 4000 UDP/TLS/RTP/SAVPF 8")
+    assert not offers_dtls("INVITE sip:a@b SIP/2.0\r\nContent-Length: 0\r\n\r\n")
