@@ -655,6 +655,7 @@ def pool_settings(
     tick_ms: int = AudioSettings().tick_ms,
     speech: bool = False,
     storage_url: str = "",
+    strict_source: str = "on",
 ) -> dict[str, str]:
     """The worker settings a pool runs with here (the defaults: this script's); ``storage_url``:
     the PostgreSQL database to keep its sessions in (empty: the embedded SQLite file)."""
@@ -662,6 +663,8 @@ def pool_settings(
         "VOICEGATE_MEDIA_PORT": media_port,
         "VOICEGATE_AUDIO_TICK_MS": str(tick_ms),
         "VOICEGATE_AGENT_SPEECH": "true" if speech else "false",
+        # As beyond loopback (the default there): each call's RTP filtered to its caller.
+        "VOICEGATE_MEDIA_STRICT_SOURCE": strict_source,
     }
     if storage_url:
         settings["VOICEGATE_STORAGE_URL"] = storage_url
@@ -992,7 +995,11 @@ def run_pool(
         url = cluster.url("capacity")
         db_pids = functools.partial(database_pids, cluster)
     settings = pool_settings(
-        media_port=args.media_port, tick_ms=args.tick_ms, speech=args.speech, storage_url=url
+        media_port=args.media_port,
+        tick_ms=args.tick_ms,
+        speech=args.speech,
+        storage_url=url,
+        strict_source=args.strict_source,
     )
     pool = Pool(work, workers, media, settings)
     where = pool.store().describe()
@@ -1031,7 +1038,12 @@ def run_nodes(args: argparse.Namespace, work: Path, media: BridgeMedia) -> Store
     # Each host is a network namespace of its own: the nodes may use the same ports.
     low = 20000
     rtp = (low, low + max(40, 8 * per_node + 8) - 1)
-    settings = pool_settings(media_port=args.media_port, tick_ms=args.tick_ms, speech=args.speech)
+    settings = pool_settings(
+        media_port=args.media_port,
+        tick_ms=args.tick_ms,
+        speech=args.speech,
+        strict_source=args.strict_source,
+    )
     env = {
         **capacity_env(media, settings),
         "VOICEGATE_POOL_WORKERS": str(per_node),
@@ -1077,7 +1089,8 @@ def print_results(run: StoreRun, args: argparse.Namespace, media: BridgeMedia) -
     print(
         f"\nconcurrent calls with speech both ways (G.711 A-law caller, "
         f"{media.clock_rate // 1000} kHz bridge, resample quality {media.quality}; "
-        f"pool: {args.media_port} media port, {args.tick_ms} ms audio tick; store: {run.store}"
+        f"pool: {args.media_port} media port, {args.tick_ms} ms audio tick, strict source "
+        f"{args.strict_source}; store: {run.store}"
         f"{f'; {run.nodes} nodes' if run.nodes > 1 else ''})"
     )
     nodes = run.nodes > 1
@@ -1194,6 +1207,11 @@ def main() -> int:
         "--nodes", type=int, choices=(1, 2), default=1,
         help="1: one pool on loopback; 2: two nodes in network namespaces behind one Kamailio "
         "on one PostgreSQL (tests/integration/cluster.py; needs root)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--strict-source", choices=("on", "off"), default="on",
+        help="media.strict_source of the pool's workers (on: as beyond loopback, the kernel "
+        "filter on every call's media sockets; off: to measure what it costs)",
     )  # fmt: skip
     parser.add_argument("--work", help="keep logs and captures here (default: a temp dir)")
     args = parser.parse_args()
