@@ -56,7 +56,7 @@ from telephony.sip_message import (
 )
 from telephony.sip_wake import SipWaker
 from telephony.srtp_offer import srtp_refusal, stream_is_srtp, warning_header
-from telephony.strict_source import StrictSource, drops_by_inode
+from telephony.strict_source import StrictSource
 from telephony.thread_state import ThreadStatePins
 
 # Importers of these names from this module predate the split (voicegate.runtime, voicegate.cli).
@@ -207,14 +207,13 @@ class SipEndpoint:
     def _poll_media_health(self, now: float) -> None:
         """Read each call's received-packet counter; report gaps, returns and holds."""
         count_foreign = self.config.strict_source and now >= self._next_foreign_count
-        drops = drops_by_inode() if count_foreign else {}
         if count_foreign:
             self._next_foreign_count = now + _FOREIGN_COUNT_S
         for call in self._calls.values():
             if call.media_index < 0 or not call.answered:
                 continue
             if call.strict is not None:
-                self._watch_source(call, call.strict, drops)
+                self._watch_source(call, call.strict, count_foreign)
             try:
                 packets = call.getStreamStat(call.media_index).rtcp.rxStat.pkt
             except pj.Error:
@@ -225,7 +224,7 @@ class SipEndpoint:
             if change is not None:
                 self.post(ev.MediaHealthChanged(call.call_id, change.new.value, change.since))
 
-    def _watch_source(self, call: SipCall, strict: StrictSource, drops: dict[int, int]) -> None:
+    def _watch_source(self, call: SipCall, strict: StrictSource, count: bool) -> None:
         """Lock a learning call to the source of its first RTP; count what its filters drop."""
         if strict.learning:
             try:
@@ -235,8 +234,8 @@ class SipEndpoint:
             source, rtcp = str(info.srcRtpName), str(info.srcRtcpName)
             if source and not source.startswith("0.0.0.0") and strict.lock(source, rtcp):
                 self.post(ev.MediaSourceLocked(call.call_id, source))
-        elif drops:
-            foreign = strict.foreign_packets(drops)
+        elif count:
+            foreign = strict.foreign_packets()
             if foreign:
                 self.post(ev.ForeignRtp(call.call_id, foreign))
 

@@ -9,7 +9,7 @@ RTP socket accepts only that source's address and port, and one on its RTCP sock
 address with the caller's RTCP port (the one its RTCP came from by then, else the RTP port + 1,
 RFC 3550's convention; behind a NAT that maps it elsewhere the caller's RTCP is dropped too,
 which costs nothing the call uses). The kernel drops the rest before any user space sees it,
-and counts the drops per socket (``/proc/net/udp``), which is how they are counted here. A call
+and counts the drops per socket (``SO_MEMINFO``), which is how they are counted here. A call
 whose first packets come from a stranger is the window left open, as with Asterisk's
 ``strictrtp`` learning: short, and before the caller's own media has flowed.
 
@@ -32,6 +32,8 @@ log = logging.getLogger("voicegate.media")
 _SOL_SOCKET = 1
 _SO_ATTACH_FILTER = 26
 _SO_DETACH_FILTER = 27
+_SO_MEMINFO = 55  # u32[SK_MEMINFO_VARS]: the socket's memory figures and its drops
+_SK_MEMINFO_DROPS = 8
 _SKF_NET_OFF = -0x100000  # (the network header, from a socket filter's data: the UDP header)
 # Classic BPF opcodes (linux/filter.h).
 _LD_W_ABS, _LD_H_ABS = 0x20, 0x28
@@ -82,26 +84,25 @@ def detach(fd: int) -> None:
     _libc.setsockopt(fd, _SOL_SOCKET, _SO_DETACH_FILTER, ctypes.byref(dummy), 4)
 
 
-@dataclass(frozen=True, slots=True)
-class UdpSocket:
-    inode: int
-    drops: int
-
-
-def udp_sockets() -> dict[int, UdpSocket]:
-    """This machine's IPv4 UDP sockets by local port (``/proc/net/udp``)."""
-    found: dict[int, UdpSocket] = {}
+def udp_sockets() -> dict[int, int]:
+    """This network namespace's IPv4 UDP sockets' inodes by local port (``/proc/net/udp``):
+    read when a call locks, to find which of this process's descriptors its sockets are."""
+    found: dict[int, int] = {}
     with open("/proc/net/udp") as table:
         next(table)
         for line in table:
             fields = line.split()
-            port = int(fields[1].rsplit(":", 1)[1], 16)
-            found[port] = UdpSocket(inode=int(fields[9]), drops=int(fields[-1]))
+            found[int(fields[1].rsplit(":", 1)[1], 16)] = int(fields[9])
     return found
 
 
-def drops_by_inode() -> dict[int, int]:
-    return {s.inode: s.drops for s in udp_sockets().values()}
+def socket_drops(fd: int) -> int | None:
+    """The packets the kernel dropped for socket ``fd`` (a filter's refusals among them)."""
+    meminfo = (ctypes.c_uint32 * 9)()
+    size = ctypes.c_uint32(ctypes.sizeof(meminfo))
+    if _libc.getsockopt(fd, _SOL_SOCKET, _SO_MEMINFO, meminfo, ctypes.byref(size)) != 0:
+        return None
+    return int(meminfo[_SK_MEMINFO_DROPS])
 
 
 def socket_fds() -> dict[int, int]:
@@ -169,16 +170,16 @@ class StrictSource:
             self._local, (program(src[0], src[1]), program(src[0], rtcp_port)), strict=True
         ):
             assert local is not None
-            entry = ports.get(local[1])
-            fd = fds.get(entry.inode) if entry is not None else None
-            if entry is None or fd is None:
+            inode = ports.get(local[1])
+            fd = fds.get(inode) if inode is not None else None
+            if inode is None or fd is None:
                 log.warning(
                     "media.source_unfiltered", extra={"call_id": self.call_id, "port": local[1]}
                 )
                 self.release()
                 return False
             attach(fd, code)
-            bound.append(_Bound(fd, entry.inode, entry.drops))
+            bound.append(_Bound(fd, inode, socket_drops(fd) or 0))
         self._bound, self.source = bound, src
         return True
 
@@ -195,8 +196,12 @@ class StrictSource:
                 detach(bound.fd)
         self._bound, self._counted = [], 0
 
-    def foreign_packets(self, drops: dict[int, int]) -> int:
-        """Packets dropped since the last call (``drops``: ``drops_by_inode()``)."""
-        total = sum(max(0, drops.get(b.inode, b.baseline) - b.baseline) for b in self._bound)
+    def foreign_packets(self) -> int:
+        """Packets dropped since the last call of this (the sockets' own counters)."""
+        total = 0
+        for bound in self._bound:
+            drops = socket_drops(bound.fd)
+            if drops is not None:
+                total += max(0, drops - bound.baseline)
         new, self._counted = total - self._counted, total
         return max(0, new)
