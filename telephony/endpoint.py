@@ -48,6 +48,7 @@ from telephony.port_pool import PortPool
 from telephony.refer import Refers
 from telephony.refusals import Refusals
 from telephony.sip_message import (
+    arrived_over_tls,
     header_tag,
     mask_uri,
     request_user,
@@ -393,10 +394,8 @@ class SipEndpoint:
         source = source_address(
             str(prm.rdata.srcAddress), whole, trust_header=self.config.trusted_source_header
         )
-        # The transport the INVITE really came on: PJSIP makes our Contact from it (a Via
-        # saying TLS is the sender's word only).
-        over_tls = "transport=tls" in info.localContact.lower() or info.localContact.startswith(
-            "sips:"
+        over_tls = arrived_over_tls(
+            info.localContact, whole, trust_header=self.config.trusted_source_header
         )
         decision = self.admission.decide(
             live_calls=len(self._calls),
