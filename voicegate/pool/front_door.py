@@ -32,6 +32,7 @@ from voicegate.pool.kamailio_config import (
     FrontDoor,
     render_config,
     render_dispatcher_list,
+    render_tls_config,
 )
 from voicegate.pool.process_tree import die_with_parent
 
@@ -84,6 +85,8 @@ class Kamailio:
         with contextlib.suppress(FileNotFoundError):
             door.ctl_socket.unlink()
         door.dispatcher_list.write_text(render_dispatcher_list(self.workers))
+        if door.tls_port and door.tls_config is not None:
+            door.tls_config.write_text(render_tls_config(door))
         self.config_path.write_text(render_config(door))
         check = await asyncio.create_subprocess_exec(
             self._kamailio,
@@ -214,7 +217,12 @@ def front_door_for(
     source_max_rate: float,
     *,
     media_ipv6: bool = False,
+    tls_port: int = 0,
+    tls_cert_file: Path | None = None,
+    tls_key_file: Path | None = None,
 ) -> FrontDoor:
+    """The front door on ``address:port`` (UDP, TCP), and TLS on ``tls_port`` unless 0, its
+    files kept in ``run_dir``."""
     return FrontDoor(
         address=address,
         port=port,
@@ -224,6 +232,10 @@ def front_door_for(
         probe_interval_s=probe_interval_s,
         source_max_rate=source_max_rate,
         media_ipv6=media_ipv6,
+        tls_port=tls_port,
+        tls_cert_file=tls_cert_file.resolve() if tls_cert_file else None,
+        tls_key_file=tls_key_file.resolve() if tls_key_file else None,
+        tls_config=run_dir / "tls.cfg" if tls_port else None,
     )
 
 
