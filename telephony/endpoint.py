@@ -440,7 +440,8 @@ class SipEndpoint:
                 remote_uri=info.remoteUri,
                 local_uri=info.localUri,
                 called_user=request_user(whole),
-                transport=via_transport(whole),
+                # Behind the front door the top Via is Kamailio's loopback hop: TLS is its word.
+                transport="tls" if over_tls else via_transport(whole),
                 context=read_context(whole).as_meta(),
                 tenant=decision.tenant,
                 resume=presented_handle(whole),
