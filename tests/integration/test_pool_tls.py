@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -111,3 +112,36 @@ def test_a_caller_claiming_tls_over_udp_gets_no_sdes_accepted(
     sipp = Sipp("uac-sdes-claimed-tls.xml", pool.sip_target, tmp_path / "sipp")
     assert sipp.run() == 0, sipp.errors() + _why(pool)
     assert pool.metric("voicegate_calls_refused_total", reason="srtp_required", status="488")
+
+
+def test_the_callers_in_dialog_requests_pass_the_front_door_over_tls(
+    server_factory: ServerFactory, certs: Certs, tmp_path: Path, stopped_phones: list[Baresip]
+) -> None:
+    """baresip puts the call on hold (a re-INVITE, still SRTP) and hangs up (its BYE): both
+    follow the Record-Route to Kamailio's TLS listener and on to the worker."""
+    tls_port = free_port()
+    pool = _tls_pool(server_factory, certs, tls_port)
+    phone = Baresip(tmp_path / "phone", certs.ca, "srtp-mand", own_certificate=False)
+    stopped_phones.append(phone)
+    phone.dial(f"sip:100@{LOOPBACK}:{tls_port};transport=tls")
+    wait_for(lambda: "Call established" in phone.output(), 20, "the call" + _why(pool, phone))
+    phone.command("/hold")
+
+    def hold_answered() -> str | None:
+        # baresip's trace (-s): the worker's 200 to a second INVITE (the hold), keyed again.
+        answers = re.findall(r"SIP/2.0 200 OK\r?\n(?:.+\r?\n)*?CSeq: *(\d+) INVITE", phone.output())
+        return phone.output() if len(set(answers)) >= 2 else None
+
+    out = wait_for(hold_answered, 15, "the hold re-INVITE's 200" + _why(pool, phone))
+    hold = out[out.rindex("SIP/2.0 200 OK") :]
+    assert "RTP/SAVP" in hold and "a=crypto:" in hold, hold[:2000]
+    phone.command("/hangup")
+
+    def ended() -> dict[str, Any] | None:
+        sessions = pool.sessions()
+        return sessions[0] if sessions and sessions[0]["ended"] else None
+
+    session = wait_for(ended, 15, "the session's end" + _why(pool, phone))
+    types = [e["type"] for e in session["events"]]
+    assert "caller_hangup" in types, types
+    assert pool.live_calls() == [], pool.live_calls()
