@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -145,3 +146,21 @@ def test_the_callers_in_dialog_requests_pass_the_front_door_over_tls(
     types = [e["type"] for e in session["events"]]
     assert "caller_hangup" in types, types
     assert pool.live_calls() == [], pool.live_calls()
+
+
+def test_the_front_door_takes_tls_1_2_and_newer_only(
+    server_factory: ServerFactory, certs: Certs
+) -> None:
+    tls_port = free_port()
+    pool = _tls_pool(server_factory, certs, tls_port)
+    for version, accepted in (("-tls1_1", False), ("-tls1_2", True), ("-tls1_3", True)):
+        done = subprocess.run(
+            ["openssl", "s_client", version, "-connect", f"{LOOPBACK}:{tls_port}",
+             "-CAfile", str(certs.ca), "-verify_return_error",
+             # The client would refuse TLS 1.1 itself at its default security level.
+             "-cipher", "DEFAULT:@SECLEVEL=0"],
+            input=b"", capture_output=True, timeout=20,
+        )  # fmt: skip
+        out = done.stdout.decode(errors="replace") + done.stderr.decode(errors="replace")
+        shook_hands = "Cipher is (NONE)" not in out and "Verify return code: 0 (ok)" in out
+        assert shook_hands is accepted, version + "\n" + out + _why(pool)
