@@ -259,11 +259,13 @@ def write_front_door_config(
     door = dataclasses.replace(door, dispatcher_list=list_file)
     out.mkdir(parents=True, exist_ok=True)
     if door.tls_port:
-        door = dataclasses.replace(door, tls_config=(out / "tls.cfg").resolve())
+        # Deployed beside the dispatcher list, as the README's steps copy them.
+        door = dataclasses.replace(door, tls_config=list_file.parent / "tls.cfg")
         (out / "tls.cfg").write_text(render_tls_config(door))
     (out / "kamailio.cfg").write_text(render_config(door))
     (out / "dispatcher.list").write_text(render_dispatcher_list(workers))
-    print(f"voicegate: wrote {out / 'kamailio.cfg'} and {out / 'dispatcher.list'}")
+    tls = f", {out / 'tls.cfg'}" if door.tls_port else ""
+    print(f"voicegate: wrote {out / 'kamailio.cfg'}{tls} and {out / 'dispatcher.list'}")
     return 0
 
 

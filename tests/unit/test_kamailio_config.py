@@ -152,6 +152,30 @@ def test_a_caller_on_a_connection_is_reached_back_over_it(tmp_path: Path) -> Non
     assert "tcp_connection_lifetime=3605" in text
 
 
+def test_front_door_config_writes_the_tls_config_beside_the_deployed_list(tmp_path: Path) -> None:
+    pair = tls_door(tmp_path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VOICEGATE_")}
+    tls_env = {
+        "VOICEGATE_SIP_TLS_PORT": "5061",
+        "VOICEGATE_SIP_TLS_CERT_FILE": str(pair.tls_cert_file),
+        "VOICEGATE_SIP_TLS_KEY_FILE": str(pair.tls_key_file),
+    }
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, "-m", "voicegate", *EXAMPLE_ARGS, "--out", str(out)],
+        env={**env, **EXAMPLE_ENV, **tls_env},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr
+    config = (out / "kamailio.cfg").read_text()
+    assert 'modparam("tls", "config", "/etc/voicegate-front/tls.cfg")' in config
+    assert "listen=tls:203.0.113.10:5061" in config
+    assert f"certificate = {pair.tls_cert_file}" in (out / "tls.cfg").read_text()
+
+
 def test_deploy_example_is_the_generators_output(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("VOICEGATE_")}
     result = subprocess.run(
