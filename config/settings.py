@@ -133,7 +133,8 @@ class SipSettings:
             int_range(0, 65535),
             "SIP over TLS port on the same address (TLS 1.2 or newer only; callers dial "
             "sip:...;transport=tls or sips:); 0 = no TLS listener. Needs tls_cert_file and "
-            "tls_key_file, checked at start-up (docs/security.md)",
+            "tls_key_file, checked at start-up (docs/security.md). In a pool the front door's "
+            "Kamailio holds it (docs/pool.md)",
         ),
     )
     tls_cert_file: Path | None = field(
