@@ -58,8 +58,14 @@ def _why(pool: Server, phone: Baresip | None = None) -> str:
     )
 
 
-def _tls_pool(server_factory: ServerFactory, certs: Certs, tls_port: int) -> Server:
-    env = pool_env(WORKERS, **_tls_env(certs, tls_port))
+def _tls_pool(
+    server_factory: ServerFactory,
+    certs: Certs,
+    tls_port: int,
+    srtp: str = "mandatory",
+    **extra: str,
+) -> Server:
+    env = pool_env(WORKERS, **_tls_env(certs, tls_port, srtp), **extra)
     pool = server_factory("tls-pool", **env)
     wait_for(lambda: ready_workers(pool) == WORKERS, 30, "every worker ready" + _why(pool))
     # The workers share the pool's RTP range (pool_env's), not the harness's own pick.
@@ -164,3 +170,30 @@ def test_the_front_door_takes_tls_1_2_and_newer_only(
         out = done.stdout.decode(errors="replace") + done.stderr.decode(errors="replace")
         shook_hands = "Cipher is (NONE)" not in out and "Verify return code: 0 (ok)" in out
         assert shook_hands is accepted, version + "\n" + out + _why(pool)
+
+
+def test_a_tenant_that_requires_tls_takes_its_calls_through_the_front_doors_tls_only(
+    server_factory: ServerFactory, certs: Certs, tmp_path: Path, stopped_phones: list[Baresip]
+) -> None:
+    config = tmp_path / "tenants.toml"
+    config.write_text('[tenants.secure]\nnumbers = ["100"]\nrequire_tls = true\n')
+    tls_port = free_port()
+    pool = _tls_pool(server_factory, certs, tls_port, "off", VOICEGATE_CONFIG=str(config))
+    # Over UDP: refused 403 by the worker, Kamailio relaying its answer.
+    udp = Baresip(tmp_path / "udp-phone", certs.ca, None)
+    stopped_phones.append(udp)
+    udp.dial(f"sip:100@{pool.sip_target}")
+    wait_for(
+        lambda: pool.metric("voicegate_calls_refused_total", reason="tls_required", status="403"),
+        20,
+        "the UDP call's 403" + _why(pool, udp),
+    )
+    udp.stop()
+    # Over TLS: the tenant's call, which the demo ends on 9.
+    tls = Baresip(tmp_path / "tls-phone", certs.ca, None, own_certificate=False)
+    stopped_phones.append(tls)
+    _call_and_press_9(
+        pool, tls, f"sip:100@{LOOPBACK}:{tls_port};transport=tls", tmp_path / "tls.pcap"
+    )
+    session = _ended_by_key_9(pool)
+    assert session["tenant"] == "secure", session
