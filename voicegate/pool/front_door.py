@@ -130,9 +130,10 @@ class Kamailio:
         deadline = loop.time() + _READY_WAIT_S
         while not door.ctl_socket.exists() or await self._rpc("core.version") is None:
             if self._exited.done():
+                tls_free = f", and TLS port {door.tls_port}" if door.tls_port else ""
                 raise FrontDoorError(
                     f"Kamailio exited with status {self._exited.result()} at start-up "
-                    f"(is {door.address}:{door.port} free?); see its log lines above"
+                    f"(is {door.address}:{door.port} free{tls_free}?); see its log lines above"
                 )
             if loop.time() > deadline:
                 raise FrontDoorError(f"Kamailio did not open its ctl socket {door.ctl_socket}")
