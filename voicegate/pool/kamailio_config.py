@@ -99,9 +99,9 @@ def render_dispatcher_list(workers: Sequence[tuple[str, str]]) -> str:
 
 def render_tls_config(door: FrontDoor) -> str:
     """The tls module's configuration: the certificate and key the front door presents, TLS 1.2
-    as the floor (RFC 8996 deprecates 1.0 and 1.1; the single process's PJSIP takes 1.2 and
-    1.3, telephony/library.py), and no client certificate asked for or checked: callers
-    authenticate by their trunk's source address (tenants), as over UDP."""
+    as the floor (RFC 8996 deprecates 1.0 and 1.1, as the single process's PJSIP does,
+    telephony/library.py; the system's OpenSSL adds 1.3), and no client certificate asked for or
+    checked: callers are identified by their trunk's source address (tenants), as over UDP."""
     if not door.tls_port or door.tls_cert_file is None or door.tls_key_file is None:
         raise ValueError("render_tls_config needs tls_port, tls_cert_file and tls_key_file")
     common = """method = TLSv1.2+
