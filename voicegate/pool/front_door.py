@@ -100,9 +100,15 @@ class Kamailio:
         )
         out, _ = await check.communicate()
         if check.returncode != 0:
+            text = out.decode(errors="replace").strip()
+            # Debian ships the tls module in a package of its own.
+            hint = (
+                " (sip.tls_port needs Kamailio's TLS module: `apt install kamailio-tls-modules`)"
+                if door.tls_port and "could not find module <tls>" in text
+                else ""
+            )
             raise FrontDoorError(
-                f"Kamailio refused the generated {self.config_path}: "
-                + out.decode(errors="replace").strip()[-600:]
+                f"Kamailio refused the generated {self.config_path}{hint}: " + text[-600:]
             )
         self._proc = await asyncio.create_subprocess_exec(
             self._kamailio,
