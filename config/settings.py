@@ -133,7 +133,8 @@ class SipSettings:
             int_range(0, 65535),
             "SIP over TLS port on the same address (TLS 1.2 or newer only; callers dial "
             "sip:...;transport=tls or sips:); 0 = no TLS listener. Needs tls_cert_file and "
-            "tls_key_file, checked at start-up (docs/security.md)",
+            "tls_key_file, checked at start-up (docs/security.md). In a pool the front door's "
+            "Kamailio holds it (docs/pool.md)",
         ),
     )
     tls_cert_file: Path | None = field(
@@ -797,7 +798,8 @@ def _tls_problems(s: Settings) -> list[CrossProblem]:
     """The TLS listener needs its certificate and key, a port of its own, and mandatory SRTP
     needs it (SDES keys travel in the SDP: over plain UDP or TCP anyone on the path reads them,
     RFC 4568 section 8.3). Whether the files hold a matching pair is checked at start-up
-    (voicegate/tls_check.py), not here: the loader does not read files' contents."""
+    (voicegate/tls_check.py), not here: the loader does not read files' contents. In a pool the
+    front door's Kamailio holds the listener and the pair (docs/pool.md, "TLS and SRTP")."""
     sip, problems = s.sip, []
     files = ("sip.tls_cert_file", "sip.tls_key_file")
     if sip.tls_port:
@@ -815,16 +817,6 @@ def _tls_problems(s: Settings) -> list[CrossProblem]:
                 CrossProblem(
                     ("sip.tls_port", "sip.port"),
                     "SIP over TCP holds sip.port: give TLS a port of its own",
-                )
-            )
-        if s.pool.workers > 1:
-            # Kamailio's front door speaks UDP and TCP only, and every worker would bind the same
-            # TLS port (docs/pool.md, "TLS and SRTP").
-            problems.append(
-                CrossProblem(
-                    ("sip.tls_port", "pool.workers"),
-                    "SIP over TLS is served by a single process only: the pool's Kamailio does "
-                    "not terminate TLS yet (docs/pool.md); set pool.workers = 1 or tls_port = 0",
                 )
             )
         if sip.tls_port == s.http.port and _overlap(sip.address, s.http.address):

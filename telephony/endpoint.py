@@ -48,6 +48,7 @@ from telephony.port_pool import PortPool
 from telephony.refer import Refers
 from telephony.refusals import Refusals
 from telephony.sip_message import (
+    arrived_over_tls,
     header_tag,
     mask_uri,
     request_user,
@@ -392,10 +393,8 @@ class SipEndpoint:
         source = source_address(
             str(prm.rdata.srcAddress), whole, trust_header=self.config.trusted_source_header
         )
-        # The transport the INVITE really came on: PJSIP makes our Contact from it (a Via
-        # saying TLS is the sender's word only).
-        over_tls = "transport=tls" in info.localContact.lower() or info.localContact.startswith(
-            "sips:"
+        over_tls = arrived_over_tls(
+            info.localContact, whole, trust_header=self.config.trusted_source_header
         )
         decision = self.admission.decide(
             live_calls=len(self._calls),
@@ -440,7 +439,8 @@ class SipEndpoint:
                 remote_uri=info.remoteUri,
                 local_uri=info.localUri,
                 called_user=request_user(whole),
-                transport=via_transport(whole),
+                # Behind the front door the top Via is Kamailio's loopback hop: TLS is its word.
+                transport="tls" if over_tls else via_transport(whole),
                 context=read_context(whole).as_meta(),
                 tenant=decision.tenant,
                 resume=presented_handle(whole),

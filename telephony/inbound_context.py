@@ -29,6 +29,8 @@ RESUME_HEADER = "X-Voicegate-Resume"
 # Our own front door's header (the caller's source address, voicegate/pool/kamailio_config.py):
 # on every INVITE through a pool, and no context of the caller's.
 SOURCE_HEADER = "X-Voicegate-Source"
+# And whether it came over TLS (telephony.sip_message.arrived_over_tls).
+TRANSPORT_HEADER = "X-Voicegate-Transport"
 # A resume handle's prefix (session/resume.py), as it would appear in decoded User-to-User data.
 _HANDLE_PREFIX = b"vgr1."
 
@@ -126,7 +128,7 @@ def read_context(whole_msg: str) -> InboundContext:
         if key == RESUME_HEADER.lower():
             dropped[RESUME_HEADER] = "a resume handle is never recorded"
             continue
-        if key == SOURCE_HEADER.lower():
+        if key in (SOURCE_HEADER.lower(), TRANSPORT_HEADER.lower()):
             continue
         if len(name) > MAX_NAME_CHARS or (key.startswith("x-") and not _X_NAME.match(name)):
             dropped[_printable(name)[:MAX_NAME_CHARS]] = "not a header name we keep"

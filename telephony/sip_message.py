@@ -44,6 +44,22 @@ def source_address(src_address: str, whole_msg: str, *, trust_header: bool) -> s
     return host.strip("[]")
 
 
+_TRANSPORT_HEADER = re.compile(
+    r"^x-voicegate-transport\s*:\s*(\S+)\s*$", re.IGNORECASE | re.MULTILINE
+)
+
+
+def arrived_over_tls(local_contact: str, whole_msg: str, *, trust_header: bool) -> bool:
+    """Whether an INVITE came over SIP over TLS. Alone, from the transport it really came on:
+    ``local_contact``, the Contact PJSIP made from it (a Via saying TLS is the sender's word
+    only). Behind our own front door (``trust_header``), which terminates TLS and relays over
+    loopback UDP: from the X-Voicegate-Transport it sets, having removed any the caller sent."""
+    if trust_header:
+        match = _TRANSPORT_HEADER.search(whole_msg)
+        return match is not None and match.group(1).lower() == "tls"
+    return "transport=tls" in local_contact.lower() or local_contact.startswith("sips:")
+
+
 def via_transport(whole_msg: str) -> str:
     """The transport of the top Via header, lower-cased (``udp``, ``tcp``, ...)."""
     match = _VIA.search(whole_msg)

@@ -27,7 +27,7 @@ from voicegate.control.pool_api import make_pool_app
 from voicegate.observe.logs import setup_logging
 from voicegate.observe.stacks import dump_tasks_on_signal, dump_threads_on_signal
 from voicegate.pool.front_door import front_door_for
-from voicegate.pool.kamailio_config import render_config, render_dispatcher_list
+from voicegate.pool.kamailio_config import render_config, render_dispatcher_list, render_tls_config
 from voicegate.pool.supervisor import Supervisor, SupervisorStartError
 from voicegate.runtime import Runtime, agent_factories, prompt_problems
 from voicegate.signals import stop_signals
@@ -252,12 +252,20 @@ def write_front_door_config(
         settings.pool.probe_interval_s,
         settings.pool.source_max_rate,
         media_ipv6=":" in settings.media.address,
+        tls_port=settings.sip.tls_port,
+        tls_cert_file=settings.sip.tls_cert_file,
+        tls_key_file=settings.sip.tls_key_file,
     )
     door = dataclasses.replace(door, dispatcher_list=list_file)
     out.mkdir(parents=True, exist_ok=True)
+    if door.tls_port:
+        # Deployed beside the dispatcher list, as the README's steps copy them.
+        door = dataclasses.replace(door, tls_config=list_file.parent / "tls.cfg")
+        (out / "tls.cfg").write_text(render_tls_config(door))
     (out / "kamailio.cfg").write_text(render_config(door))
     (out / "dispatcher.list").write_text(render_dispatcher_list(workers))
-    print(f"voicegate: wrote {out / 'kamailio.cfg'} and {out / 'dispatcher.list'}")
+    tls = f", {out / 'tls.cfg'}" if door.tls_port else ""
+    print(f"voicegate: wrote {out / 'kamailio.cfg'}{tls} and {out / 'dispatcher.list'}")
     return 0
 
 

@@ -77,6 +77,7 @@ LOOP_BLOCKED_S = 0.25
 def endpoint_config(settings: Settings) -> EndpointConfig:
     sip, media = settings.sip, settings.media
     tenants = tenants_of(settings)
+    pooled = settings.pool.workers > 1
 
     def follow_refer(tenant: str, target: str) -> bool:
         # Inbound REFER is policy (toll fraud): followed only when the call's tenant allows it
@@ -112,9 +113,11 @@ def endpoint_config(settings: Settings) -> EndpointConfig:
         route=tenants.route,
         # A pooled worker hears only its front door, which names the caller's source address.
         trusted_source_header=settings.pool.workers > 1 and settings.pool.front_door,
-        tls_port=sip.tls_port,
-        tls_cert_file=str(sip.tls_cert_file or ""),
-        tls_key_file=str(sip.tls_key_file or ""),
+        # In a pool only the front door speaks TLS (docs/pool.md): a worker keeps its loopback
+        # port, where the front door's X-Voicegate-Transport says which calls came over TLS.
+        tls_port=0 if pooled else sip.tls_port,
+        tls_cert_file="" if pooled else str(sip.tls_cert_file or ""),
+        tls_key_file="" if pooled else str(sip.tls_key_file or ""),
         srtp=media.srtp,
         tls_tenants=frozenset(t.name for t in tenants if t.require_tls),
     )

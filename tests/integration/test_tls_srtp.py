@@ -92,7 +92,9 @@ class Baresip:
     sndfile dumping what it decodes, PCMA only; its console module (``cons``) on a UDP port
     takes commands such as ``/sndcode 9``."""
 
-    def __init__(self, work: Path, ca: Path, mediaenc: str | None) -> None:
+    def __init__(
+        self, work: Path, ca: Path, mediaenc: str | None, *, own_certificate: bool = True
+    ) -> None:
         self.work = work
         work.mkdir(parents=True, exist_ok=True)
         self.cons_port = free_port()
@@ -104,7 +106,9 @@ class Baresip:
                     "poll_method epoll",
                     f"sip_listen {LOOPBACK}:{free_port()}",
                     f"sip_cafile {ca}",
-                    f"sip_certificate {ca.parent / 'phone.pem'}",
+                    # Without one, baresip's TLS listener fails every handshake: a request to it
+                    # arrives only over a connection it opened itself.
+                    *([f"sip_certificate {ca.parent / 'phone.pem'}"] if own_certificate else []),
                     "audio_player aubridge,nil",
                     f"audio_source aufile,{work / 'caller.wav'}",
                     "audio_alert aubridge,nil",

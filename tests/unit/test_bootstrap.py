@@ -24,6 +24,7 @@ TEST_ONLY = {
     "sip-tester",
     "tcpdump",
     "kamailio",
+    "kamailio-tls-modules",
     "prometheus",
     "chromium",
     "iproute2",
@@ -92,8 +93,10 @@ def test_on_a_bare_machine_serving_asks_apt_for_its_packages_only(tmp_path: Path
     serve = set(_run(bin_dir, ROOT, "--serve", "--print-missing"))
     everything = set(_run(bin_dir, ROOT, "--print-missing"))
     assert serve == SERVE
-    # kamailio and postgresql are also found by their paths, which this machine may have.
-    assert everything >= SERVE | (TEST_ONLY - {"kamailio", "postgresql"})
+    # kamailio, its TLS module and postgresql are also found by their paths, which this machine
+    # may have.
+    by_path = {"kamailio", "kamailio-tls-modules", "postgresql"}
+    assert everything >= SERVE | (TEST_ONLY - by_path)
 
 
 def test_scripts_serve_uses_the_serve_profile_and_scripts_test_the_full_one() -> None:
@@ -124,8 +127,10 @@ def test_tests_after_serving_add_the_dev_extra_to_the_same_venv(
             for word in call.split()[2:]
             if not word.startswith("-")
         }
-        # Every tool is on PATH; only PostgreSQL's server is looked for by its path.
-        assert asked <= {"postgresql"}, f"apt was asked for {asked}: {logged}"
+        # Every tool is on PATH; only PostgreSQL's server and Kamailio's TLS module are looked
+        # for by their paths.
+        by_path = {"postgresql", "kamailio-tls-modules"}
+        assert asked <= by_path, f"apt was asked for {asked}: {logged}"
         return [c.split()[-1] for c in logged if c.startswith("python -m pip install -q -e")]
 
     assert installs("--serve") == ["."]

@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from config import ConfigError, load_settings
+from config.workers import worker_settings
 from voicegate import cli
+from voicegate.runtime import endpoint_config
 from voicegate.tls_files import tls_problems
 
 
@@ -65,10 +67,6 @@ def test_the_default_has_no_tls_and_plain_rtp() -> None:
         ({"VOICEGATE_SIP_TLS_PORT": "5061"}, ("sip.tls_cert_file =", "sip.tls_key_file =")),
         ({"VOICEGATE_MEDIA_SRTP": "mandatory"}, ("media.srtp =", "sip.tls_port = 0")),
         ({"VOICEGATE_SIP_TLS_PORT": "5060"}, ("sip.tls_port = 5060", "sip.port = 5060")),
-        (
-            {"VOICEGATE_SIP_TLS_PORT": "5061", "VOICEGATE_POOL_WORKERS": "2"},
-            ("sip.tls_port = 5061", "pool.workers = 2", "does not terminate TLS"),
-        ),
     ],
 )
 def test_relations_config_refuses(env: dict[str, str], names: tuple[str, ...]) -> None:
@@ -87,6 +85,19 @@ def test_a_certificate_without_a_port_is_refused(pairs: dict[str, tuple[Path, Pa
 def test_a_matching_pair_loads_with_mandatory_srtp(pairs: dict[str, tuple[Path, Path]]) -> None:
     s = load_settings(environ=_env(*pairs["a"], VOICEGATE_MEDIA_SRTP="mandatory"))
     assert s.media.srtp == "mandatory" and tls_problems(s) == []
+
+
+def test_a_pool_serves_tls_at_its_front_door_only(pairs: dict[str, tuple[Path, Path]]) -> None:
+    # docs/pool.md, "TLS and SRTP": Kamailio holds the listener and the pair; each worker keeps
+    # its loopback UDP port and believes the front door's X-Voicegate-Transport.
+    env = _env(*pairs["a"], VOICEGATE_POOL_WORKERS="2", VOICEGATE_MEDIA_SRTP="mandatory")
+    s = load_settings(environ=env)
+    assert tls_problems(s) == []
+    worker = endpoint_config(worker_settings(s, 1))
+    assert (worker.tls_port, worker.tls_cert_file, worker.tls_key_file) == (0, "", "")
+    assert worker.trusted_source_header and worker.srtp == "mandatory"
+    alone = endpoint_config(load_settings(environ=_env(*pairs["a"])))
+    assert alone.tls_port == 5061 and not alone.trusted_source_header
 
 
 def test_a_missing_file_names_its_key(tmp_path: Path) -> None:

@@ -118,6 +118,8 @@ def test_the_front_doors_source_header_is_not_the_callers_context() -> None:
     # Kamailio adds X-Voicegate-Source to every INVITE it relays: it is not a transfer context.
     ctx = read_context(_invite("X-Voicegate-Source: 203.0.113.7"))
     assert ctx.as_meta() == {}
+    # Nor the transport it adds for a call over TLS.
+    assert read_context(_invite("X-Voicegate-Transport: tls")).as_meta() == {}
 
 
 def test_the_handle_an_invite_presents_is_read_from_the_header_first_then_uui() -> None:

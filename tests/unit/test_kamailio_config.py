@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -13,8 +14,13 @@ import pytest
 
 from session.store.nodes import NodeRecord, NodeWorker
 from session.store.postgres import PostgresSessionStore
-from voicegate.pool.front_door import find_executable
-from voicegate.pool.kamailio_config import FrontDoor, render_config, render_dispatcher_list
+from voicegate.pool.front_door import find_executable, front_door_for
+from voicegate.pool.kamailio_config import (
+    FrontDoor,
+    render_config,
+    render_dispatcher_list,
+    render_tls_config,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy" / "kamailio"
@@ -77,6 +83,97 @@ def test_failover_covers_busy_unavailable_and_silence_but_not_other_answers(
     assert 't_check_status("486|503")' in text
     assert "t_branch_timeout()" in text and 'ds_mark_dst("ip")' in text
     assert "record_route();" in text and "loose_route()" in text
+
+
+def tls_door(tmp_path: Path) -> FrontDoor:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
+         "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1"],
+        check=True, capture_output=True, timeout=30,
+    )  # fmt: skip
+    return front_door_for(
+        "127.0.0.1", 5060, tmp_path, 2, 30.0, tls_port=5061, tls_cert_file=cert, tls_key_file=key
+    )
+
+
+def test_kamailio_accepts_the_tls_configuration_and_listens_on_tls(tmp_path: Path) -> None:
+    door = tls_door(tmp_path)
+    assert door.tls_config == tmp_path / "tls.cfg"
+    (tmp_path / "dispatcher.list").write_text(render_dispatcher_list([("w.0", "sip:[::1]:5100")]))
+    (tmp_path / "tls.cfg").write_text(render_tls_config(door))
+    config = tmp_path / "kamailio.cfg"
+    config.write_text(render_config(door))
+    result = kamailio_check(config, tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "tls: 127.0.0.1 [127.0.0.1]:5061" in result.stdout + result.stderr
+
+
+def test_tls_is_terminated_with_the_settings_pair_tls_1_2_up_and_no_client_check(
+    tmp_path: Path,
+) -> None:
+    door = tls_door(tmp_path)
+    text = render_config(door)
+    assert "listen=tls:127.0.0.1:5061\nenable_tls=yes\n" in text
+    assert f'loadmodule "tls.so"\nmodparam("tls", "config", "{tmp_path / "tls.cfg"}")' in text
+    tls = render_tls_config(door)
+    server = tls.split("[server:default]")[1].split("[client:default]")[0]
+    assert f"certificate = {tmp_path / 'cert.pem'}" in server
+    assert f"private_key = {tmp_path / 'key.pem'}" in server
+    for section in (server, tls.split("[client:default]")[1]):
+        assert "method = TLSv1.2+" in section
+        assert "verify_certificate = no" in section and "require_certificate = no" in section
+    # Without a TLS port, none of it.
+    plain = render_config(door_without_tls := dataclasses.replace(door, tls_port=0))
+    markers = ("listen=tls", "enable_tls", "tls.so", "X-Voicegate-Transport: tls")
+    assert [marker for marker in markers if marker in plain] == []
+    with pytest.raises(ValueError, match="tls_port"):
+        render_tls_config(door_without_tls)
+
+
+def test_only_the_front_door_says_a_call_came_over_tls(tmp_path: Path) -> None:
+    for text in (render_config(door(tmp_path)), render_config(tls_door(tmp_path))):
+        # A caller's own claim is removed, whether or not this front door speaks TLS.
+        removed = text.index('remove_hf("X-Voicegate-Transport");')
+        assert removed < text.index("record_route();")
+    text = render_config(tls_door(tmp_path))
+    appended = text.index('append_hf("X-Voicegate-Transport: tls\\r\\n");')
+    assert text.index('remove_hf("X-Voicegate-Transport");') < appended
+    assert text.rindex('if ($proto == "tls") {', 0, appended) > text.index("remove_hf(")
+    assert "X-Voicegate-Transport: tls" not in render_config(door(tmp_path))
+
+
+def test_a_caller_on_a_connection_is_reached_back_over_it(tmp_path: Path) -> None:
+    text = render_config(tls_door(tmp_path))
+    # The caller's Contact names its connection (requests and the caller's answers), and the
+    # worker's in-dialog requests go to that connection, kept open through a long call.
+    assert text.count("add_contact_alias();") == 2 and "onreply_route {" in text
+    assert "handle_ruri_alias();" in text.split("route[WITHINDLG]")[1]
+    assert "tcp_connection_lifetime=3605" in text
+
+
+def test_front_door_config_writes_the_tls_config_beside_the_deployed_list(tmp_path: Path) -> None:
+    pair = tls_door(tmp_path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VOICEGATE_")}
+    tls_env = {
+        "VOICEGATE_SIP_TLS_PORT": "5061",
+        "VOICEGATE_SIP_TLS_CERT_FILE": str(pair.tls_cert_file),
+        "VOICEGATE_SIP_TLS_KEY_FILE": str(pair.tls_key_file),
+    }
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, "-m", "voicegate", *EXAMPLE_ARGS, "--out", str(out)],
+        env={**env, **EXAMPLE_ENV, **tls_env},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr
+    config = (out / "kamailio.cfg").read_text()
+    assert 'modparam("tls", "config", "/etc/voicegate-front/tls.cfg")' in config
+    assert "listen=tls:203.0.113.10:5061" in config
+    assert f"certificate = {pair.tls_cert_file}" in (out / "tls.cfg").read_text()
 
 
 def test_deploy_example_is_the_generators_output(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from config import ConfigError, load_settings
 from config.tenant_loader import tenants_of
 from config.tenants import Tenants, key_digest
 from telephony.admission import Admission
-from telephony.sip_message import source_address
+from telephony.sip_message import arrived_over_tls, source_address
 
 ACME_KEY = "acme-key-0123456789abcdef"
 BETA_KEY = "beta-key-0123456789abcdef"
@@ -228,3 +228,27 @@ def test_admission_refuses_a_call_no_tenant_owns_and_names_the_owner(tmp_path: P
 )
 def test_the_source_address_of_an_invite(src: str, whole: str, trust: bool, expected: str) -> None:
     assert source_address(src, whole, trust_header=trust) == expected
+
+
+TLS_CONTACT = "<sip:127.0.0.1:5061;transport=tls>"
+UDP_CONTACT = "<sip:127.0.0.1:5100>"
+
+
+@pytest.mark.parametrize(
+    ("contact", "whole", "trust", "expected"),
+    [
+        # Alone: the transport it really came on, whatever the caller writes.
+        (TLS_CONTACT, "INVITE x\r\n", False, True),
+        ("sips:127.0.0.1:5061", "INVITE x\r\n", False, True),
+        (UDP_CONTACT, "INVITE x\r\nX-Voicegate-Transport: tls\r\n", False, False),
+        (UDP_CONTACT, "INVITE x\r\nVia: SIP/2.0/TLS 192.0.2.1\r\n", False, False),
+        # Behind the front door (loopback UDP): its header, which it sets only for TLS.
+        (UDP_CONTACT, "INVITE x\r\nx-voicegate-transport: TLS\r\n", True, True),
+        (UDP_CONTACT, "INVITE x\r\nX-Voicegate-Transport: udp\r\n", True, False),
+        (UDP_CONTACT, "INVITE x\r\n", True, False),
+    ],
+)
+def test_whether_an_invite_came_over_tls(
+    contact: str, whole: str, trust: bool, expected: bool
+) -> None:
+    assert arrived_over_tls(contact, whole, trust_header=trust) is expected

@@ -32,6 +32,7 @@ from voicegate.pool.kamailio_config import (
     FrontDoor,
     render_config,
     render_dispatcher_list,
+    render_tls_config,
 )
 from voicegate.pool.process_tree import die_with_parent
 
@@ -84,6 +85,8 @@ class Kamailio:
         with contextlib.suppress(FileNotFoundError):
             door.ctl_socket.unlink()
         door.dispatcher_list.write_text(render_dispatcher_list(self.workers))
+        if door.tls_port and door.tls_config is not None:
+            door.tls_config.write_text(render_tls_config(door))
         self.config_path.write_text(render_config(door))
         check = await asyncio.create_subprocess_exec(
             self._kamailio,
@@ -97,9 +100,15 @@ class Kamailio:
         )
         out, _ = await check.communicate()
         if check.returncode != 0:
+            text = out.decode(errors="replace").strip()
+            # Debian ships the tls module in a package of its own.
+            hint = (
+                " (sip.tls_port needs Kamailio's TLS module: `apt install kamailio-tls-modules`)"
+                if door.tls_port and "could not find module <tls>" in text
+                else ""
+            )
             raise FrontDoorError(
-                f"Kamailio refused the generated {self.config_path}: "
-                + out.decode(errors="replace").strip()[-600:]
+                f"Kamailio refused the generated {self.config_path}{hint}: " + text[-600:]
             )
         self._proc = await asyncio.create_subprocess_exec(
             self._kamailio,
@@ -127,9 +136,10 @@ class Kamailio:
         deadline = loop.time() + _READY_WAIT_S
         while not door.ctl_socket.exists() or await self._rpc("core.version") is None:
             if self._exited.done():
+                tls_free = f", and TLS port {door.tls_port}" if door.tls_port else ""
                 raise FrontDoorError(
                     f"Kamailio exited with status {self._exited.result()} at start-up "
-                    f"(is {door.address}:{door.port} free?); see its log lines above"
+                    f"(is {door.address}:{door.port} free{tls_free}?); see its log lines above"
                 )
             if loop.time() > deadline:
                 raise FrontDoorError(f"Kamailio did not open its ctl socket {door.ctl_socket}")
@@ -214,7 +224,12 @@ def front_door_for(
     source_max_rate: float,
     *,
     media_ipv6: bool = False,
+    tls_port: int = 0,
+    tls_cert_file: Path | None = None,
+    tls_key_file: Path | None = None,
 ) -> FrontDoor:
+    """The front door on ``address:port`` (UDP, TCP), and TLS on ``tls_port`` unless 0, its
+    files kept in ``run_dir``."""
     return FrontDoor(
         address=address,
         port=port,
@@ -224,6 +239,10 @@ def front_door_for(
         probe_interval_s=probe_interval_s,
         source_max_rate=source_max_rate,
         media_ipv6=media_ipv6,
+        tls_port=tls_port,
+        tls_cert_file=tls_cert_file.resolve() if tls_cert_file else None,
+        tls_key_file=tls_key_file.resolve() if tls_key_file else None,
+        tls_config=run_dir / "tls.cfg" if tls_port else None,
     )
 
 

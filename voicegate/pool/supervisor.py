@@ -165,6 +165,10 @@ class Supervisor:
                 self.pool.probe_interval_s,
                 self.pool.source_max_rate,
                 media_ipv6=":" in self.settings.media.address,
+                # Kamailio terminates SIP over TLS; the workers listen on loopback UDP only.
+                tls_port=self.settings.sip.tls_port,
+                tls_cert_file=self.settings.sip.tls_cert_file,
+                tls_key_file=self.settings.sip.tls_key_file,
             )
             if not unix_socket_path_ok(door.ctl_socket):
                 raise SupervisorStartError(
