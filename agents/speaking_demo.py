@@ -333,6 +333,13 @@ def speaking_demo(context: CallContext, call: CallControl) -> Agent:
     return SpeakingDemoAgent(context, call)
 
 
+def build_speech_before_fork(calls: int) -> None:
+    """The decoders of ``calls`` calls, built in the pool's fork server (no thread started, no
+    subprocess): each worker forked from it shares their models; ``prepare_speech`` then finds
+    them built."""
+    shared_thread().build_spares(GRAMMARS, calls)
+
+
 def prepare_speech(calls: int) -> None:
     """Build the decoders of ``calls`` calls and load espeak-ng now, before calls arrive."""
     shared_thread().prepare(GRAMMARS, calls)

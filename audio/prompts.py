@@ -2,6 +2,11 @@
 
 A prompt is named by its file name without ``.wav``. The library lists its directory when it is
 built and only ever opens names from that list, so a name can never reach outside the directory.
+
+The converted audio is cached for the whole process, by file (its path, size and modification
+time) and rate, not only per library: the pool's fork server loads every prompt once before it
+forks the workers, and each worker's library then finds them loaded, in pages all the workers
+share (about 6.6 MB a worker for the demo's prompts at 8 and 16 kHz).
 """
 
 from __future__ import annotations
@@ -39,6 +44,21 @@ def default_prompts_dir() -> Path:
         # Only a zipped install gives something else; we ship as a plain package.
         raise RuntimeError(f"prompts are not on the file system: {directory}")
     return directory
+
+
+# (path, size, mtime_ns, rate) -> the read-only converted audio; a changed file is a new key.
+_LOADED: dict[tuple[str, int, int, int], NDArray[np.int16]] = {}
+
+
+def _load_cached(path: Path, rate: int) -> NDArray[np.int16]:
+    stat = path.stat()
+    key = (str(path), stat.st_size, stat.st_mtime_ns, rate)
+    found = _LOADED.get(key)
+    if found is None:
+        found = load_prompt(path, rate)
+        found.flags.writeable = False
+        _LOADED[key] = found
+    return found
 
 
 def load_prompt(path: str | os.PathLike[str], rate: int) -> NDArray[np.int16]:
@@ -95,8 +115,7 @@ class PromptLibrary:
             path = self._paths.get(name)
             if path is None:
                 raise UnknownPrompt(name, self.directory)
-            cached = load_prompt(path, rate)
-            cached.flags.writeable = False
+            cached = _load_cached(path, rate)
             self._cache[key] = cached
         return cached
 

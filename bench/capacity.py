@@ -63,6 +63,7 @@ import itertools
 import math
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -199,6 +200,37 @@ def rss_bytes(pid: int) -> int:
         return 0
 
 
+def pss_bytes(pid: int) -> int:
+    """Proportional set size: private pages, plus each shared page divided by its sharers. Sums
+    over processes to what they really hold (RSS counts a page every process shares each time)."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        pass
+    return 0
+
+
+@dataclass(frozen=True)
+class Memory:
+    """PSS of a pool: its workers one by one, and all its processes together."""
+
+    workers: list[int]  # bytes, one per worker
+    total: int  # bytes: supervisor, fork server, workers, Kamailio
+
+    @classmethod
+    def of(cls, workers: Iterable[int], own: Iterable[int]) -> Memory:
+        return cls([pss_bytes(p) for p in workers], sum(pss_bytes(p) for p in own))
+
+    def text(self) -> str:
+        mib = [w / 2**20 for w in self.workers] or [0.0]
+        return (
+            f"PSS per worker {statistics.fmean(mib):.1f} MiB (min {min(mib):.1f}, max "
+            f"{max(mib):.1f}), pool {self.total / 2**20:.0f} MiB in all"
+        )
+
+
 def descendants(pid: int) -> list[int]:
     """``pid`` and every process below it (Kamailio forks its workers)."""
     children: dict[int, list[int]] = {}
@@ -286,6 +318,8 @@ class Step:
     wire_pps: float
     frames_seen: int  # calls whose frame counters the workers reported in time
     rss_per_call_mb: float
+    pss_per_call_mb: float  # the pool's PSS (all its processes) above the idle pool, per call
+    memory: Memory  # the pool's PSS while the step held its calls
     machine_busy: float
     pool_busy: float
     baseline_per_call: float | None = None
@@ -656,6 +690,7 @@ def pool_settings(
     speech: bool = False,
     storage_url: str = "",
     strict_source: str = "on",
+    fork_server: str = "on",
 ) -> dict[str, str]:
     """The worker settings a pool runs with here (the defaults: this script's); ``storage_url``:
     the PostgreSQL database to keep its sessions in (empty: the embedded SQLite file)."""
@@ -665,6 +700,7 @@ def pool_settings(
         "VOICEGATE_AGENT_SPEECH": "true" if speech else "false",
         # As beyond loopback (the default there): each call's RTP filtered to its caller.
         "VOICEGATE_MEDIA_STRICT_SOURCE": strict_source,
+        "VOICEGATE_POOL_FORK_SERVER": "true" if fork_server == "on" else "false",
     }
     if storage_url:
         settings["VOICEGATE_STORAGE_URL"] = storage_url
@@ -750,6 +786,7 @@ def measure_step(
         db_cpu = db.percent() if db is not None else None
         machine_busy = machine.percent()
         rss = sum(rss_bytes(pid) for pid in pids)
+        memory = Memory.of(pids, pool.own_pids())
         held = pool.answered()
         per_node = pool.answered_by_node()
         callers.wait()
@@ -775,6 +812,8 @@ def measure_step(
         wire_pps=wire_pps,
         frames_seen=len(rates_in),
         rss_per_call_mb=(rss - idle["rss"]) / max(1, held) / 2**20,
+        pss_per_call_mb=(memory.total - idle["pss"]) / max(1, held) / 2**20,
+        memory=memory,
         db_cpu=db_cpu,
         per_node=per_node,
         write=writes[0] if writes else None,
@@ -914,6 +953,7 @@ class StoreRun:
     idle_write: WriteLatency | None = None  # the store probe while the pool idled
     nodes: int = 1
     sessions_by_node: dict[str, int] = field(default_factory=dict)
+    idle_memory: Memory | None = None
 
     def step(self, calls: int) -> Step | None:
         return next((s for s in self.results if s.calls == calls), None)
@@ -922,7 +962,10 @@ class StoreRun:
 @dataclass
 class Measured:
     results: list[Step]
-    idle: dict[str, float]  # the idle pool's workers: "cpu" (% of one core) and "rss" (bytes)
+    # The idle pool: its workers' "cpu" (% of one core) and "rss" (bytes), all its processes'
+    # "pss" (bytes).
+    idle: dict[str, float]
+    idle_memory: Memory
     idle_db: float | None
     idle_write: WriteLatency | None
     best_rate: int | None
@@ -945,14 +988,20 @@ def measure(
     db_window = CpuWindow(db_pids()) if db_pids is not None else None
     with probing(probe) as writes:
         time.sleep(5)
-    idle = {"cpu": window.percent(), "rss": float(sum(rss_bytes(p) for p in pids))}
+    idle_memory = Memory.of(pids, pool.own_pids())
+    idle = {
+        "cpu": window.percent(),
+        "rss": float(sum(rss_bytes(p) for p in pids)),
+        "pss": float(idle_memory.total),
+    }
     idle_db = db_window.percent() if db_window is not None else None
     idle_write = writes[0] if writes else None
     database = f", database {idle_db:.1f}% of a core" if idle_db is not None else ""
     written = f"; store writes {idle_write.text()}" if idle_write is not None else ""
     print(
         f"  idle pool: {idle['cpu']:.1f}% of a core for {pool.workers} workers, "
-        f"{idle['rss'] / 2**20:.0f} MiB RSS{database}{written}"
+        f"{idle['rss'] / 2**20:.0f} MiB RSS{database}{written}\n"
+        f"    {idle_memory.text()}"
     )
     for calls in steps:
         step = measure_step(pool, calls, args.hold, work, idle, db_pids, probe)
@@ -971,11 +1020,12 @@ def measure(
             f"{step.cpu_per_call:.2f}%/call, fps in/out {step.fps_in:.1f}/{step.fps_out:.1f} "
             f"({step.frames_seen} calls reported), RTP out {step.wire_pps:.1f} pkt/s/call, "
             f"RTP interval p99 {step.interval_p99_ms:.1f} ms, "
-            f"{step.rss_per_call_mb:.1f} MiB/call{database}{written}",
+            f"{step.rss_per_call_mb:.1f} MiB/call{database}{written}\n"
+            f"    {step.memory.text()}, {step.pss_per_call_mb:.1f} MiB PSS/call above idle",
             flush=True,
         )
     best_rate = rate_ramp(pool, rates, work) if rates else None
-    return Measured(results, idle, idle_db, idle_write, best_rate)
+    return Measured(results, idle, idle_memory, idle_db, idle_write, best_rate)
 
 
 def run_pool(
@@ -1000,6 +1050,7 @@ def run_pool(
         speech=args.speech,
         storage_url=url,
         strict_source=args.strict_source,
+        fork_server=args.fork_server,
     )
     pool = Pool(work, workers, media, settings)
     where = pool.store().describe()
@@ -1021,7 +1072,7 @@ def run_pool(
             )
     return StoreRun(
         store, where, got.results, got.idle["cpu"], got.idle_db, got.best_rate, sessions,
-        got.idle_write,
+        got.idle_write, idle_memory=got.idle_memory,
     )  # fmt: skip
 
 
@@ -1043,6 +1094,7 @@ def run_nodes(args: argparse.Namespace, work: Path, media: BridgeMedia) -> Store
         tick_ms=args.tick_ms,
         speech=args.speech,
         strict_source=args.strict_source,
+        fork_server=args.fork_server,
     )
     env = {
         **capacity_env(media, settings),
@@ -1077,7 +1129,7 @@ def run_nodes(args: argparse.Namespace, work: Path, media: BridgeMedia) -> Store
     )
     return StoreRun(
         "postgresql", where, got.results, got.idle["cpu"], got.idle_db, got.best_rate, sessions,
-        got.idle_write, args.nodes, by_node,
+        got.idle_write, args.nodes, by_node, got.idle_memory,
     )  # fmt: skip
 
 
@@ -1090,7 +1142,7 @@ def print_results(run: StoreRun, args: argparse.Namespace, media: BridgeMedia) -
         f"\nconcurrent calls with speech both ways (G.711 A-law caller, "
         f"{media.clock_rate // 1000} kHz bridge, resample quality {media.quality}; "
         f"pool: {args.media_port} media port, {args.tick_ms} ms audio tick, strict source "
-        f"{args.strict_source}; store: {run.store}"
+        f"{args.strict_source}, fork server {args.fork_server}; store: {run.store}"
         f"{f'; {run.nodes} nodes' if run.nodes > 1 else ''})"
     )
     nodes = run.nodes > 1
@@ -1099,7 +1151,8 @@ def print_results(run: StoreRun, args: argparse.Namespace, media: BridgeMedia) -
         f"  {'calls':>5} {'held':>5} {'machine':>8} {'pool':>5} {'workers':>8} {'CPU/call':>9} "
         f"{'C-only':>7} "
         f"{'ratio':>6} "
-        f"{'fps in':>7} {'fps out':>8} {'wire':>6} {'p99 ms':>7} {'MiB/call':>9}"
+        f"{'fps in':>7} {'fps out':>8} {'wire':>6} {'p99 ms':>7} {'MiB/call':>9} "
+        f"{'PSS/call':>9}"
         + (f" {'per node':>12}" if nodes else "")
         + (f" {'write p50/p99 ms':>17}" if writes else "")
     )
@@ -1114,10 +1167,12 @@ def print_results(run: StoreRun, args: argparse.Namespace, media: BridgeMedia) -
             f"{s.cpu_per_call:>8.2f}% {base:>7} "
             f"{ratio:>6} {s.fps_in:>7.1f} {s.fps_out:>8.1f} {s.wire_pps:>6.1f} "
             f"{s.interval_p99_ms:>7.1f} "
-            f"{s.rss_per_call_mb:>9.1f}"
+            f"{s.rss_per_call_mb:>9.1f} {s.pss_per_call_mb:>9.1f}"
             + (f" {per_node:>12}" if nodes else "")
             + (f" {write:>17}" if writes else "")
         )
+    if run.idle_memory is not None:
+        print(f"  idle pool: {run.idle_memory.text()}")
     if run.idle_write is not None:
         print(f"  store writes with the pool idle: {run.idle_write.text()}")
 
@@ -1213,8 +1268,16 @@ def main() -> int:
         help="media.strict_source of the pool's workers (on: as beyond loopback, the kernel "
         "filter on every call's media sockets; off: to measure what it costs)",
     )  # fmt: skip
+    parser.add_argument(
+        "--fork-server", choices=("on", "off"), default="on",
+        help="pool.fork_server (on: workers forked from one process that imported voicegate "
+        "once; off: each worker its own interpreter, to measure what forking saves)",
+    )  # fmt: skip
     parser.add_argument("--work", help="keep logs and captures here (default: a temp dir)")
     args = parser.parse_args()
+    # A bench stopped with SIGTERM (a CI timeout, kill) unwinds like one stopped with ^C: every
+    # `finally` stops what it started, so that no pool is left holding the machine's ports.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     if args.store is None:
         args.store = "postgresql" if args.nodes > 1 else "sqlite"
     if args.nodes > 1 and args.store != "postgresql":
@@ -1270,7 +1333,10 @@ def main() -> int:
         "  workers, CPU/call: % of one core, per call above the idle pool.\n"
         "  fps: frames each call's media port moved (calls whose worker answered in time).\n"
         "  wire: RTP packets per second each call sent its caller.\n"
-        "  targets (issue 7): 100 calls under 75% machine, 50.0 fps, CPU/call <= 2x C-only."
+        "  MiB/call: the workers' RSS above the idle pool, per call; PSS/call: the same of every\n"
+        "  process of the pool in PSS (shared pages divided among their sharers).\n"
+        "  targets (issue 34): 200 calls under 75% machine at 50.0 fps, RTP p99 <= 25 ms,\n"
+        "  CPU/call <= 1.3x C-only, idle worker PSS <= 20 MiB; with --speech, 80 calls under 75%."
     )
     if args.store != "sqlite":
         print_side_by_side(runs)

@@ -481,6 +481,24 @@ class PoolSettings:
             float_range(1, 600), "Seconds a worker may take to become healthy after it starts"
         ),
     )
+    start_concurrency: int = field(
+        default=4,
+        metadata=key(
+            int_range(1, 64),
+            "Workers starting at once; the others wait their turn (start_timeout_s counts from "
+            "each one's own start), so that a large pool starting on a small machine does not "
+            "starve every worker of CPU until all miss their deadline",
+        ),
+    )
+    fork_server: bool = field(
+        default=True,
+        metadata=key(
+            boolean(),
+            "Fork workers from one process that imported voicegate once, so that they start at "
+            "once and share its memory (about 50 MB each); false starts each worker as a new "
+            "Python interpreter",
+        ),
+    )
     restart_backoff_s: float = field(
         default=0.5,
         metadata=key(

@@ -72,6 +72,9 @@ T = TypeVar("T")
 _FORCED_END_WAIT_S = 3.0
 # A tick this late is logged: a blocked loop delays barge-in and playout for every call here.
 LOOP_BLOCKED_S = 0.25
+# The call rates every prompt is converted to at start-up (a broken file fails start-up, not a
+# call); the pool's fork server loads them at the same rates before it forks the workers.
+PROMPT_RATES = (8000, 16000)
 
 
 def endpoint_config(settings: Settings) -> EndpointConfig:
@@ -496,7 +499,7 @@ class Runtime:
         await self.settle_lapsed_drops()
         await self.reap()
         # Load the prompts now so a broken prompt file fails start-up, not a call.
-        for rate in (8000, 16000):
+        for rate in PROMPT_RATES:
             self._prompts.load_all(rate)
         loop = asyncio.get_running_loop()
         self.sip = SipEndpoint(endpoint_config(self.settings), loop, self._on_sip_event)

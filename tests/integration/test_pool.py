@@ -296,11 +296,111 @@ def test_the_pool_places_outbound_calls_on_workers_with_a_free_slot(
     assert [w["answer"] for w in body["workers"]] == ["no free call slot"] * 2
     for leg in placed:
         assert pool.post(f"/v1/calls/{leg['call_id']}/hangup") == 202, (
-            pool.http(f"/v1/calls/{leg['call_id']}"), pool.http("/v1/calls")
+            pool.http(f"/v1/calls/{leg['call_id']}"),
+            pool.http("/v1/calls"),
         )  # CANCEL, via its worker
     for callee in callees:
         assert callee.wait() == 0, callee.errors()
-    wait_for(
-        lambda: len(pool.ended()) == 2 and all(pool.ended()), 15, "both legs to end"
-    )
+    wait_for(lambda: len(pool.ended()) == 2 and all(pool.ended()), 15, "both legs to end")
     assert {e["terminal_state"] for e in pool.ended()} == {"canceled"}
+
+
+def _proc_status(pid: int) -> dict[str, str]:
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        name, _, value = line.partition(":")
+        fields[name] = value.strip()
+    return fields
+
+
+def _shared_dirty_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith("Shared_Dirty:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no Shared_Dirty in /proc/{pid}/smaps_rollup")
+
+
+def _fork_servers(pool: Server) -> list[int]:
+    """The pool's fork server processes (voicegate/pool/forkserver.py), by their title."""
+    assert pool.process is not None
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes()
+                ppid = int(_proc_status(int(entry.name))["PPid"])
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            if b"(fork server)" in argv and ppid == pool.process.pid:
+                found.append(int(entry.name))
+    return found
+
+
+def test_workers_are_forked_from_the_fork_server_and_share_its_imports(pool: Server) -> None:
+    """Forked, each worker is still the supervisor's child (adopted: the supervisor is a child
+    subreaper), shows in ps as `voicegate worker --index N`, and shares the imported heap."""
+    assert pool.process is not None
+    assert len(_fork_servers(pool)) == 1, pool.log()[-3000:]
+    for worker in workers(pool):
+        pid = worker["pid"]
+        assert int(_proc_status(pid)["PPid"]) == pool.process.pid, worker
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        assert f"-m voicegate worker --index {worker['index']}" in argv, argv
+        # The import heap (about 50 MB) stays shared with the fork server and the other
+        # workers; a worker started as its own interpreter shares almost nothing dirty.
+        assert _shared_dirty_kib(pid) > 20 * 1024, (worker, _shared_dirty_kib(pid))
+
+
+def test_a_killed_fork_server_is_replaced_and_takes_no_worker_with_it(
+    pool: Server, tmp_path: Path
+) -> None:
+    before = workers(pool)
+    [server] = _fork_servers(pool)
+    os.kill(server, signal.SIGKILL)
+    callers = Sipp(
+        "uac-speech-dtmf.xml", pool.sip_target, tmp_path / "calls", calls=3, rate=10, limit=3
+    ).start()
+    wait_for(lambda: len(answered(pool)) == 3, 20, "3 answered calls, the fork server dead")
+    assert [w["pid"] for w in workers(pool)] == [w["pid"] for w in before]
+    assert callers.wait() == 0, callers.errors()
+    # The next worker to start gets a new fork server.
+    victim = before[2]
+    os.kill(victim["pid"], signal.SIGKILL)
+
+    def restarted() -> dict[str, Any] | None:
+        now = workers(pool)[2]
+        return now if now["state"] == "ready" and now["pid"] != victim["pid"] else None
+
+    now = wait_for(restarted, 30, "the killed worker to be restarted and ready")
+    assert now["last_exit"] == -signal.SIGKILL
+    assert len(_fork_servers(pool)) == 1 and _fork_servers(pool) != [server]
+    assert _shared_dirty_kib(now["pid"]) > 20 * 1024
+
+
+def test_workers_start_in_a_bounded_wave(server_factory: ServerFactory) -> None:
+    """pool.start_concurrency = 1: each worker starts only once the one before it is ready, so
+    that a large pool on a small machine does not start all its workers at once."""
+    pool = server_factory("pool", **pool_env(VOICEGATE_POOL_START_CONCURRENCY="1"))
+    wait_for(lambda: ready_workers(pool) == WORKERS, 30, "every worker ready")
+    order = [
+        (e["event"], e["worker"])
+        for e in pool.log_events()
+        if e.get("event") in ("worker.started", "worker.ready")
+    ]
+    names = [w["name"] for w in workers(pool)]
+    assert order == [
+        (event, name) for name in names for event in ("worker.started", "worker.ready")
+    ], order
+
+
+def test_a_pool_without_the_fork_server_starts_each_worker_as_an_interpreter(
+    server_factory: ServerFactory, tmp_path: Path
+) -> None:
+    pool = server_factory("pool", **pool_env(VOICEGATE_POOL_FORK_SERVER="false"))
+    wait_for(lambda: ready_workers(pool) == WORKERS, 30, "every worker ready")
+    assert _fork_servers(pool) == []
+    callers = Sipp(
+        "uac-speech-dtmf.xml", pool.sip_target, tmp_path / "calls", calls=3, rate=10, limit=3
+    ).start()
+    assert callers.wait() == 0, callers.errors()
+    assert not any(e.get("event") == "pool.fork_server_started" for e in pool.log_events())

@@ -46,6 +46,13 @@ from session.store.writer import StoreWriter
 from session.vocabulary import OwnerId
 from voicegate.observe.pool_metrics import PoolMetrics
 from voicegate.pool.cluster import NodeKeeper
+from voicegate.pool.forkserver import (
+    ForkedProcess,
+    ForkServer,
+    ForkServerError,
+    become_subreaper,
+    reap_orphans,
+)
 from voicegate.pool.front_door import FrontDoorError, Kamailio, front_door_for, unix_socket_path_ok
 from voicegate.pool.process_tree import die_with_parent
 
@@ -81,6 +88,33 @@ class SupervisorStartError(Exception):
     pass
 
 
+class _Once:
+    """A callable that calls ``action`` the first time only."""
+
+    def __init__(self, action: Callable[[], None]) -> None:
+        self._action: Callable[[], None] | None = action
+
+    def __call__(self) -> None:
+        action, self._action = self._action, None
+        if action is not None:
+            action()
+
+
+def raise_open_files_limit() -> None:
+    """Lift this process's soft limit of open files to its hard limit, for it and its children.
+
+    Each worker holds a few dozen descriptors (SIP and RTP sockets, the store, the control API,
+    its agent links) and Kamailio one per TCP or TLS connection; a soft limit of 1024, the
+    common default, is reached by a large pool's front door long before the hard limit.
+    """
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
 class WorkerState(enum.Enum):
     STARTING = "starting"
     READY = "ready"
@@ -94,7 +128,7 @@ class WorkerState(enum.Enum):
 class Worker:
     slot: WorkerSlot
     state: WorkerState = WorkerState.STARTING
-    proc: asyncio.subprocess.Process | None = None
+    proc: asyncio.subprocess.Process | ForkedProcess | None = None
     owner: str | None = None  # "<name>/<incarnation>" of the live process, from its /healthz
     restarts: int = 0
     started_at: float = 0.0
@@ -153,6 +187,9 @@ class Supervisor:
         self.keeper: NodeKeeper | None = None  # a node of a cluster (docs/cluster.md)
         self._wake = asyncio.Event()  # set when stopping: ends backoff sleeps at once
         self._front_task: asyncio.Task[None] | None = None
+        self.fork_server: ForkServer | None = None
+        # Workers between their start and their readiness: a bounded wave (pool.start_concurrency).
+        self._starting = asyncio.Semaphore(self.pool.start_concurrency)
 
     # --- start ----------------------------------------------------------------------------------
 
@@ -186,6 +223,9 @@ class Supervisor:
         # Counters of an earlier run's processes would be summed in again: start empty.
         shutil.rmtree(self.metrics_dir, ignore_errors=True)
         self.metrics_dir.mkdir(parents=True)
+        raise_open_files_limit()
+        if self.pool.fork_server:
+            await self._start_fork_server()
         # Opening the store creates an empty one once, before the workers race to (and checks
         # its schema: voicegate migrate steps an older one up).
         location, availability = self.location, self.availability
@@ -235,6 +275,23 @@ class Supervisor:
             },
         )
 
+    def _worker_env(self) -> dict[str, str]:
+        # numpy's OpenBLAS would start a thread pool in every worker, for nothing a worker does.
+        return {"OPENBLAS_NUM_THREADS": "1", **os.environ, MULTIPROC_ENV: str(self.metrics_dir)}
+
+    async def _start_fork_server(self) -> None:
+        """Start the fork server (voicegate/pool/forkserver.py); without it, workers start as
+        their own interpreters, as with pool.fork_server = false."""
+        try:
+            become_subreaper()
+            server = ForkServer(self.config_path, self._worker_env())
+            await server.start()
+        except (OSError, ForkServerError) as exc:
+            log.warning("pool.fork_server_unavailable", extra={"error": str(exc)})
+            return
+        self.fork_server = server
+        log.info("pool.fork_server_started", extra={"pid": server.pid})
+
     async def write(self, job: Callable[[SessionStore], T]) -> T:
         """``job(store)`` on the writer thread (session/store/writer.py), never on the loop."""
         assert self._writer is not None
@@ -266,13 +323,29 @@ class Supervisor:
             )
 
     async def _spawn(self, worker: Worker) -> None:
-        argv = [sys.executable, "-m", "voicegate", "worker", "--index", str(worker.slot.index)]
+        args = ["worker", "--index", str(worker.slot.index)]
         if self.config_path:
-            argv += ["--config", self.config_path]
-        env = {**os.environ, MULTIPROC_ENV: str(self.metrics_dir)}
-        worker.proc = await asyncio.create_subprocess_exec(
-            *argv, env=env, start_new_session=True, preexec_fn=die_with_parent
-        )
+            args += ["--config", self.config_path]
+        env = self._worker_env()
+        worker.proc = None
+        if self.fork_server is not None:
+            try:
+                worker.proc = await self.fork_server.fork(args, env)
+            except (OSError, ForkServerError) as exc:
+                # The next start tries a new fork server; this one must not wait for it.
+                log.warning(
+                    "pool.fork_failed", extra={"worker": worker.slot.name, "error": str(exc)}
+                )
+        if worker.proc is None:
+            worker.proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "voicegate",
+                *args,
+                env=env,
+                start_new_session=True,
+                preexec_fn=die_with_parent,
+            )
         worker.started_at = time.monotonic()
         worker.owner = None
         worker.failed_checks = 0
@@ -284,8 +357,15 @@ class Supervisor:
 
     async def _keep_running(self, worker: Worker) -> None:
         while not self.stopping:
-            await self._spawn(worker)
-            reason = await self._watch(worker)
+            await self._starting.acquire()
+            started = _Once(self._starting.release)
+            try:
+                if self.stopping:
+                    break
+                await self._spawn(worker)
+                reason = await self._watch(worker, started)
+            finally:
+                started()
             await self._reap_process(worker)
             if self.stopping:
                 break
@@ -313,8 +393,9 @@ class Supervisor:
                 await asyncio.wait_for(self._wake.wait(), timeout=worker.backoff_s)
         self._set_state(worker, WorkerState.STOPPED)
 
-    async def _watch(self, worker: Worker) -> str:
-        """Until the worker process is gone: its readiness, then its health. Returns why it went."""
+    async def _watch(self, worker: Worker, started: Callable[[], None]) -> str:
+        """Until the worker process is gone: its readiness, then its health. Returns why it went.
+        ``started()`` once it is ready (or gone): the next worker waiting may start."""
         assert worker.proc is not None
         proc = worker.proc
         exited = asyncio.ensure_future(proc.wait())
@@ -334,6 +415,7 @@ class Supervisor:
                 await asyncio.wait({exited}, timeout=_READY_POLL_S)
             else:
                 return "exited"
+            started()
             self._set_state(worker, WorkerState.READY)
             log.info("worker.ready", extra={"worker": worker.slot.name, "owner": worker.owner})
             if self.front is not None:
@@ -391,6 +473,8 @@ class Supervisor:
         pid, status = worker.proc.pid, worker.proc.returncode
         worker.last_exit = status
         multiprocess.mark_process_dead(pid, str(self.metrics_dir))  # type: ignore[no-untyped-call]
+        if self.fork_server is not None:
+            reap_orphans()  # what the dead worker left running, adopted by this subreaper
         if self.front is not None and not self.stopping:
             await self.front.set_worker(worker.slot.sip_uri, "ip")
         level = logging.INFO if self.stopping and status == 0 else logging.WARNING
@@ -406,6 +490,8 @@ class Supervisor:
                 return
             self.metrics.front_door_up.set(0)
             self.metrics.front_door_restarts.inc()
+            if self.fork_server is not None:
+                reap_orphans()  # Kamailio's children, adopted by this subreaper
             self.metrics.fold_front_door_counters()
             log.error("front_door.exited", extra={"status": status})
             await asyncio.sleep(_FRONT_DOOR_RESTART_S)
@@ -544,6 +630,9 @@ class Supervisor:
         if self.keeper is not None:
             await self.keeper.stop()
             self.keeper = None
+        if self.fork_server is not None:
+            await self.fork_server.stop()
+            self.fork_server.close()
         if self._http is not None:
             await self._http.close()
         if self._writer is not None:
