@@ -31,10 +31,11 @@ class Refusals:
         now carries ``Retry-After``, and a refusal with a ``warning`` (a Warning header value,
         telephony.srtp_offer.warning_header) carries that."""
         self.calls[call.call_id] = call
-        if not_before > now or warning:
+        if not_before > now or warning or status == 503:
             # A refusal sent from inside onIncomingCall loses its headers (pjsua answers for
             # the call once the callback returns, with the status code alone: measured, no
-            # Warning on the wire); one sent on the SIP loop's next turn keeps them.
+            # Warning on the wire, and a draining server's 503 without its Retry-After); one
+            # sent on the SIP loop's next turn keeps them.
             self._held.append((max(not_before, now), call, status, warning))
         else:
             _send(call, status, retry_after=status == 503)

@@ -292,6 +292,8 @@ request_route {{
 {tls_header}    record_route();
     if (!ds_select_dst("{DISPATCHER_SET}", "4")) {{
         update_stat("{STAT_NO_WORKER}", "+1");
+        # As a worker's own 503: try again in a second (or elsewhere), not "as if 500".
+        append_to_reply("Retry-After: 1\r\n");
         sl_send_reply("503", "No Worker Available");
         exit;
     }}
