@@ -79,6 +79,8 @@ from typing import Any, Protocol
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
 from audio.prompts import PromptLibrary, default_prompts_dir  # noqa: E402
 from config.settings import AudioSettings  # noqa: E402
 from session.store import SessionSummary, StoreError  # noqa: E402
@@ -516,6 +518,7 @@ class Pool(WorkerCounts):
         }
         self.server = Server(work / "pool", env_overrides=env)
         self.workers = workers
+        self._answered = 0
         self.local_ip = "127.0.0.1"
 
     @property
@@ -539,8 +542,16 @@ class Pool(WorkerCounts):
 
     def answered(self) -> int:
         # From the supervisor's /metrics (the workers' multiprocess files): a saturated worker
-        # may be too slow to answer /v1/calls, but its gauge is on disk.
-        return int(self.server.metric("voicegate_calls_active"))
+        # may be too slow to answer /v1/calls, but its gauge is on disk. A saturated machine
+        # may starve the supervisor past the scrape's timeout too: then the last figure stands
+        # (the step measures what the pool holds; it must not die of a slow scrape).
+        status, body = self.server.http("/metrics")
+        if status == 200:
+            for family in text_string_to_metric_families(body):
+                for sample in family.samples:
+                    if sample.name == "voicegate_calls_active" and not sample.labels:
+                        self._answered = int(sample.value)
+        return self._answered
 
     def frames(self) -> dict[str, tuple[int, int]]:
         status, body = self.server.http("/v1/calls")
