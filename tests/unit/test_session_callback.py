@@ -129,6 +129,21 @@ def test_a_callback_without_writes_needs_no_code_and_not_after_the_window() -> N
     assert state.gate is Gate.OPEN and state.dropped_until is None
 
 
+def test_a_caller_who_called_back_and_hangs_up_before_the_answer_leaves_intents_unknown() -> None:
+    # Found by hypothesis: a BYE (CANCEL) before the answer ended a called-back session
+    # canceled with an intent of the dropped call still outstanding; canceled needs every
+    # side effect reconciled (seed 000), so it needs a person, as any hang-up with one does.
+    state = _fold(_up(), (ev.ToolIntent("k1", "lookup", "read", "d", "t1"), 1.5))
+    state, _ = _dropped(state)
+    state, _ = step(state, ev.CalledBack(1, "******1234"), 40.0)
+    assert state.signaling is Signaling.OFFERED and state.outstanding_keys() == ("k1",)
+    ended, effects = step(state, ev.CallerHangup(), 41.0)
+    assert ended.ended is not None
+    assert (ended.ended.terminal_state, ended.ended.stage) == ("needs_human", "hangup")
+    assert ended.ended.reason == "caller hung up with 1 tool call with unknown outcome"
+    assert fx.PersistOutstanding(("k1",)) in effects and ended.outstanding_keys() == ("k1",)
+
+
 def test_a_bye_or_a_transfer_during_a_gap_is_not_a_drop() -> None:
     state, _ = step(_up(), ev.MediaLost(), 2.0)
     ended, _ = step(state, ev.CallerHangup(), 3.0)
