@@ -129,6 +129,22 @@ def test_a_callback_without_writes_needs_no_code_and_not_after_the_window() -> N
     assert state.gate is Gate.OPEN and state.dropped_until is None
 
 
+@pytest.mark.parametrize(
+    "ending",
+    [ev.OperatorResolution("completed", "checked"), ev.SessionReaped("worker died")],
+    ids=lambda e: e.type,
+)
+def test_a_dropped_session_ended_otherwise_keeps_no_callback_window(ending: ev.Event) -> None:
+    # Found by hypothesis: an operator or the reaper ending a dropped session left
+    # dropped_until set, a window that no longer exists, which readers take for "dropped, not
+    # ended yet" (voicegate/call/notices.py: the drop's reason instead of the ending's).
+    dropped, _ = _dropped(_up())
+    ended, _ = step(dropped, ending, 30.0)
+    assert ended.ended is not None and ended.signaling is Signaling.GONE
+    assert (ended.dropped_until, ended.dropped_stage) == (None, "")
+    assert SessionState.from_dict(json.loads(json.dumps(ended.to_dict()))) == ended
+
+
 def test_a_caller_who_called_back_and_hangs_up_before_the_answer_leaves_intents_unknown() -> None:
     # Found by hypothesis: a BYE (CANCEL) before the answer ended a called-back session
     # canceled with an intent of the dropped call still outstanding; canceled needs every
