@@ -160,6 +160,19 @@ def test_a_caller_who_called_back_and_hangs_up_before_the_answer_leaves_intents_
     assert fx.PersistOutstanding(("k1",)) in effects and ended.outstanding_keys() == ("k1",)
 
 
+def test_a_write_held_at_the_drop_goes_once_when_the_caller_calls_back() -> None:
+    # What the properties expect of a callback that reopens the gate (session/gate.py): the
+    # write admitted before the media went, never sent, goes now; nothing else is sent.
+    intent = ev.ToolIntent("k1", "pay", "write", "d", "t1", approval_valid_s=60.0)
+    state = _fold(_up(), (intent, 1.5))
+    state, effects = _dropped(state)
+    assert state.outstanding[0].stage == "held"
+    assert not any(isinstance(e, fx.SendToolRequest) for e in effects)
+    back, effects = step(state, ev.CalledBack(1, "******1234"), 40.0)
+    assert back.gate is Gate.OPEN and back.outstanding[0].stage == "intended"
+    assert [e for e in effects if isinstance(e, fx.SendToolRequest)] == [fx.SendToolRequest("k1")]
+
+
 def test_a_bye_or_a_transfer_during_a_gap_is_not_a_drop() -> None:
     state, _ = step(_up(), ev.MediaLost(), 2.0)
     ended, _ = step(state, ev.CallerHangup(), 3.0)
