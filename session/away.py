@@ -93,7 +93,6 @@ def on_away_expired(state: SessionState, event: ev.AwayExpired, now: float) -> R
     if state.away_until is not None and now < state.away_until:
         raise IllegalTransition(state, event, "the session's resume handle is still valid")
     out: fx.Effects = []
-    state = replace(state, away_until=None)
     if state.outstanding:
         terminal, stage = Terminal.NEEDS_HUMAN, EndingStage.TRANSFER
         reason = f"transferred with {ending.unknown_outcomes(state)}"

@@ -135,7 +135,6 @@ def on_callback_ended(state: SessionState, event: ev.CallbackEnded, now: float) 
         terminal, stage = Terminal.FAILED, EndingStage.PROCESS  # its process died (park)
     else:
         terminal, stage = Terminal.TIMED_OUT, EndingStage.RECOVERY
-    state = replace(state, dropped_until=None, dropped_stage="")
     return ending.terminate(state, terminal, reason, stage, now, out, caller_present=False), out
 
 

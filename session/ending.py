@@ -112,7 +112,15 @@ def terminate(
         hang_up=reason if caller_present else None,
     )
     out.append(fx.Finished(terminal, reason, stage))
-    return replace(state, ended=Ending(terminal, reason, stage, now))
+    # Nobody may come back to an ended session: an operator or the reaper ending one that is
+    # away or dropped leaves no window behind (the runtime reads one as "not ended yet").
+    return replace(
+        state,
+        ended=Ending(terminal, reason, stage, now),
+        away_until=None,
+        dropped_until=None,
+        dropped_stage="",
+    )
 
 
 # --- reasons ------------------------------------------------------------------------------------

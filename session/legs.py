@@ -22,6 +22,7 @@ from session import effects as fx
 from session import events as ev
 from session.deadlines import Timer, arm
 from session.ending import terminate
+from session.errors import IllegalTransition
 from session.state import Policy, SessionState, Signaling
 from session.vocabulary import EndingStage, LegOutcome, Terminal
 
@@ -56,6 +57,11 @@ def on_call_placed(state: SessionState, event: ev.CallPlaced, now: float) -> Res
 
 
 def on_leg_unanswered(state: SessionState, event: ev.LegUnanswered, now: float) -> Result:
+    if Timer.RING not in state.deadlines:
+        # Offered without our ring deadline is a call to us, not ours ringing out: a fresh one,
+        # or a caller back (session.callback) with the intents of the call that dropped, which
+        # an outcome here (canceled when busy) would end as if none were unknown.
+        raise IllegalTransition(state, event, "only a ringing outbound leg goes unanswered")
     outcome = leg_outcome(event.status)
     terminal, stage = _ENDING[outcome]
     reason = f"{outcome.value.replace('_', ' ')} ({event.status} {event.reason})".replace(" )", ")")

@@ -132,11 +132,13 @@ def _on_caller_hangup(state: SessionState, event: ev.CallerHangup, now: float) -
     # Seed 001: leaving invalidates recovery at once (RecoveryFinished: canceled, timers cancelled).
     if state.signaling is Signaling.BRIDGED:
         return bridge.on_bridge_ended(state, ev.BridgeEnded("caller"), now)
-    if state.signaling is Signaling.OFFERED:
-        terminal, reason, stage = Terminal.CANCELED, "caller hung up before answer", None
-    elif state.outstanding:
+    if state.outstanding:
+        # Before the answer too: a caller who called back (session.callback) is offered again
+        # with the intents of the call that dropped, and canceled needs them reconciled (seed 000).
         terminal, stage = Terminal.NEEDS_HUMAN, EndingStage.HANGUP
         reason = f"caller hung up with {ending.unknown_outcomes(state)}"
+    elif state.signaling is Signaling.OFFERED:
+        terminal, reason, stage = Terminal.CANCELED, "caller hung up before answer", None
     elif state.signaling is Signaling.TRANSFERRING:
         # The BYE overtook the final NOTIFY (or replaced it): the caller's side ended our leg
         # while carrying out the REFER, so our part is over, but the outcome was not reported.

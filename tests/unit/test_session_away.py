@@ -95,6 +95,22 @@ def test_the_reaper_ends_an_away_session_completed_only_once_its_handle_expired(
         step(ended, ev.CallRejoined(1), 10.0 + TTL)
 
 
+@pytest.mark.parametrize(
+    "ending",
+    [ev.OperatorResolution("completed", "checked"), ev.SessionReaped("worker died")],
+    ids=lambda e: e.type,
+)
+def test_an_away_session_ended_otherwise_keeps_no_handle_lifetime(ending: ev.Event) -> None:
+    # Found by hypothesis: an operator or the reaper ending an away session left away_until
+    # set, a handle lifetime that no longer exists, which readers take for "away, not ended
+    # yet" (voicegate/call/notices.py: "transferred" instead of the ending's reason).
+    away, _ = _transferred(_up(), 10.0)
+    ended, _ = step(away, ending, 20.0)
+    assert ended.ended is not None and ended.signaling is Signaling.GONE
+    assert ended.away_until is None
+    assert SessionState.from_dict(json.loads(json.dumps(ended.to_dict()))) == ended
+
+
 def test_nothing_of_a_dialog_applies_while_away() -> None:
     away, _ = _transferred(_up(), 10.0)
     for event in (ev.CallerHangup(), ev.TurnStarted("t1"), ev.MediaLost(), ev.CallAnswered()):

@@ -129,6 +129,50 @@ def test_a_callback_without_writes_needs_no_code_and_not_after_the_window() -> N
     assert state.gate is Gate.OPEN and state.dropped_until is None
 
 
+@pytest.mark.parametrize(
+    "ending",
+    [ev.OperatorResolution("completed", "checked"), ev.SessionReaped("worker died")],
+    ids=lambda e: e.type,
+)
+def test_a_dropped_session_ended_otherwise_keeps_no_callback_window(ending: ev.Event) -> None:
+    # Found by hypothesis: an operator or the reaper ending a dropped session left
+    # dropped_until set, a window that no longer exists, which readers take for "dropped, not
+    # ended yet" (voicegate/call/notices.py: the drop's reason instead of the ending's).
+    dropped, _ = _dropped(_up())
+    ended, _ = step(dropped, ending, 30.0)
+    assert ended.ended is not None and ended.signaling is Signaling.GONE
+    assert (ended.dropped_until, ended.dropped_stage) == (None, "")
+    assert SessionState.from_dict(json.loads(json.dumps(ended.to_dict()))) == ended
+
+
+def test_a_caller_who_called_back_and_hangs_up_before_the_answer_leaves_intents_unknown() -> None:
+    # Found by hypothesis: a BYE (CANCEL) before the answer ended a called-back session
+    # canceled with an intent of the dropped call still outstanding; canceled needs every
+    # side effect reconciled (seed 000), so it needs a person, as any hang-up with one does.
+    state = _fold(_up(), (ev.ToolIntent("k1", "lookup", "read", "d", "t1"), 1.5))
+    state, _ = _dropped(state)
+    state, _ = step(state, ev.CalledBack(1, "******1234"), 40.0)
+    assert state.signaling is Signaling.OFFERED and state.outstanding_keys() == ("k1",)
+    ended, effects = step(state, ev.CallerHangup(), 41.0)
+    assert ended.ended is not None
+    assert (ended.ended.terminal_state, ended.ended.stage) == ("needs_human", "hangup")
+    assert ended.ended.reason == "caller hung up with 1 tool call with unknown outcome"
+    assert fx.PersistOutstanding(("k1",)) in effects and ended.outstanding_keys() == ("k1",)
+
+
+def test_a_write_held_at_the_drop_goes_once_when_the_caller_calls_back() -> None:
+    # What the properties expect of a callback that reopens the gate (session/gate.py): the
+    # write admitted before the media went, never sent, goes now; nothing else is sent.
+    intent = ev.ToolIntent("k1", "pay", "write", "d", "t1", approval_valid_s=60.0)
+    state = _fold(_up(), (intent, 1.5))
+    state, effects = _dropped(state)
+    assert state.outstanding[0].stage == "held"
+    assert not any(isinstance(e, fx.SendToolRequest) for e in effects)
+    back, effects = step(state, ev.CalledBack(1, "******1234"), 40.0)
+    assert back.gate is Gate.OPEN and back.outstanding[0].stage == "intended"
+    assert [e for e in effects if isinstance(e, fx.SendToolRequest)] == [fx.SendToolRequest("k1")]
+
+
 def test_a_bye_or_a_transfer_during_a_gap_is_not_a_drop() -> None:
     state, _ = step(_up(), ev.MediaLost(), 2.0)
     ended, _ = step(state, ev.CallerHangup(), 3.0)

@@ -93,6 +93,27 @@ def test_an_answered_call_cannot_go_unanswered_and_a_placed_one_is_not_offered_a
         step(ringing, PLACED[0], 101.0)
 
 
+def test_only_a_leg_we_placed_and_that_still_rings_goes_unanswered() -> None:
+    # An offered session that never rang out (a caller calling back after a drop, with the
+    # dropped call's intent outstanding) ended canceled on a busy answer, with a tool call of
+    # unknown outcome (the properties' acceptable terminal states). Only our ringing INVITE
+    # has a final answer to give.
+    offered, _ = fold((ev.CallOffered("+15550001234", "svc", POLICY), 100.0))
+    policy = {**POLICY, "callback_window_s": 120.0}
+    called_back, _ = fold(
+        (ev.CallOffered("+15550001234", "svc", policy), 100.0),
+        (ev.CallAnswered(), 101.0),
+        (ev.ToolIntent("k1", "lookup", "read", "d", "t1"), 102.0),
+        (ev.MediaLost(), 103.0),
+        (ev.DeadlineFired("recovery", 1), 113.0),
+        (ev.CalledBack(1, "******1234"), 120.0),
+    )
+    assert called_back.signaling is Signaling.OFFERED and called_back.outstanding_keys() == ("k1",)
+    for state in (offered, called_back):
+        with pytest.raises(IllegalTransition, match="only a ringing outbound leg"):
+            step(state, ev.LegUnanswered(486, "Busy Here"), 121.0)
+
+
 def test_an_operator_hanging_up_a_ringing_leg_cancels_it() -> None:
     state, effects = fold(PLACED, (ev.ServerHangup("canceled", "hung up by operator"), 104.0))
     assert state.ended is not None and state.ended.terminal_state == "canceled"
