@@ -312,6 +312,7 @@ class BridgeMedia:
 class Step:
     calls: int
     held: int
+    held_stale: bool  # the supervisor did not answer the last scrape: held is an older count
     cpu_total: float
     cpu_per_call: float
     fps_in: float
@@ -519,6 +520,7 @@ class Pool(WorkerCounts):
         self.server = Server(work / "pool", env_overrides=env)
         self.workers = workers
         self._answered = 0
+        self.stale = False  # the last scrape of /metrics failed: _answered is an older count
         self.local_ip = "127.0.0.1"
 
     @property
@@ -546,6 +548,7 @@ class Pool(WorkerCounts):
         # may starve the supervisor past the scrape's timeout too: then the last figure stands
         # (the step measures what the pool holds; it must not die of a slow scrape).
         status, body = self.server.http("/metrics")
+        self.stale = status != 200
         if status == 200:
             for family in text_string_to_metric_families(body):
                 for sample in family.samples:
@@ -799,6 +802,7 @@ def measure_step(
         rss = sum(rss_bytes(pid) for pid in pids)
         memory = Memory.of(pids, pool.own_pids())
         held = pool.answered()
+        held_stale = getattr(pool, "stale", False)
         per_node = pool.answered_by_node()
         callers.wait()
     finally:
@@ -813,6 +817,7 @@ def measure_step(
     return Step(
         calls=calls,
         held=held,
+        held_stale=held_stale,
         cpu_total=total,
         cpu_per_call=(total - idle["cpu"]) / max(1, held),
         machine_busy=machine_busy,
@@ -1025,7 +1030,8 @@ def measure(
         )
         written = f", store writes {step.write.text()}" if step.write is not None else ""
         print(
-            f"  step {calls:>3}: held {step.held}{nodes}, machine {step.machine_busy:.0f}% busy "
+            f"  step {calls:>3}: held {step.held}{'*' if step.held_stale else ''}{nodes}, "
+            f"machine {step.machine_busy:.0f}% busy "
             f"(pool {step.pool_busy:.0f}%), "
             f"workers {step.cpu_total:.0f}% of a core, "
             f"{step.cpu_per_call:.2f}%/call, fps in/out {step.fps_in:.1f}/{step.fps_out:.1f} "
@@ -1173,7 +1179,8 @@ def print_results(run: StoreRun, args: argparse.Namespace, media: BridgeMedia) -
         per_node = " / ".join(str(c) for _, c in sorted((s.per_node or {}).items())) or "-"
         write = f"{s.write.p50_ms:.2f} / {s.write.p99_ms:.2f}" if s.write is not None else "-"
         print(
-            f"  {s.calls:>5} {s.held:>5} {s.machine_busy:>7.0f}% {s.pool_busy:>4.0f}% "
+            f"  {s.calls:>5} {str(s.held) + ('*' if s.held_stale else ''):>5} "
+            f"{s.machine_busy:>7.0f}% {s.pool_busy:>4.0f}% "
             f"{s.cpu_total:>7.0f}% "
             f"{s.cpu_per_call:>8.2f}% {base:>7} "
             f"{ratio:>6} {s.fps_in:>7.1f} {s.fps_out:>8.1f} {s.wire_pps:>6.1f} "
@@ -1181,6 +1188,11 @@ def print_results(run: StoreRun, args: argparse.Namespace, media: BridgeMedia) -
             f"{s.rss_per_call_mb:>9.1f} {s.pss_per_call_mb:>9.1f}"
             + (f" {per_node:>12}" if nodes else "")
             + (f" {write:>17}" if writes else "")
+        )
+    if any(s.held_stale for s in run.results):
+        print(
+            "  *: the supervisor's /metrics did not answer within 5 s (a saturated machine): held\n"
+            "  is the last count it gave, and every per-call figure of that step is meaningless."
         )
     if run.idle_memory is not None:
         print(f"  idle pool: {run.idle_memory.text()}")

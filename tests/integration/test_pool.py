@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -351,6 +352,14 @@ def test_workers_are_forked_from_the_fork_server_and_share_its_imports(pool: Ser
         assert _shared_dirty_kib(pid) > 20 * 1024, (worker, _shared_dirty_kib(pid))
 
 
+def _open_files_limit(pid: int) -> tuple[str, str]:
+    for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
+        if line.startswith("Max open files"):
+            soft, hard = line.split()[3:5]
+            return soft, hard
+    raise AssertionError(f"no open-files limit in /proc/{pid}/limits")
+
+
 def test_a_killed_fork_server_is_replaced_and_takes_no_worker_with_it(
     pool: Server, tmp_path: Path
 ) -> None:
@@ -377,11 +386,22 @@ def test_a_killed_fork_server_is_replaced_and_takes_no_worker_with_it(
     assert _shared_dirty_kib(now["pid"]) > 20 * 1024
 
 
-def test_workers_start_in_a_bounded_wave(server_factory: ServerFactory) -> None:
+def test_workers_start_in_a_bounded_wave_with_the_open_files_they_need(
+    server_factory: ServerFactory,
+) -> None:
     """pool.start_concurrency = 1: each worker starts only once the one before it is ready, so
-    that a large pool on a small machine does not start all its workers at once."""
-    pool = server_factory("pool", **pool_env(VOICEGATE_POOL_START_CONCURRENCY="1"))
+    that a large pool on a small machine does not start all its workers at once. And a pool
+    started under the common soft limit of 1024 open files lifts it to the hard limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert hard > 1024, "the test needs a hard limit above 1024 to see it lifted"
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
+    try:
+        pool = server_factory("pool", **pool_env(VOICEGATE_POOL_START_CONCURRENCY="1"))
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     wait_for(lambda: ready_workers(pool) == WORKERS, 30, "every worker ready")
+    for worker in workers(pool):
+        assert _open_files_limit(worker["pid"]) == (str(hard), str(hard)), worker
     order = [
         (e["event"], e["worker"])
         for e in pool.log_events()
