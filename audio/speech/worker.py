@@ -125,7 +125,10 @@ class RecognitionThread:
         of loading its own."""
         if self._thread is not None:
             raise RuntimeError("decoders are built on the calling thread only before it starts")
-        kept = self._spare.setdefault(tuple(grammars), [])
+        self._fill_spares(tuple(grammars), count)
+
+    def _fill_spares(self, grammars: tuple[Grammar, ...], count: int) -> None:
+        kept = self._spare.setdefault(grammars, [])
         while len(kept) < min(count, MAX_SPARE):
             kept.append(Recognizer(grammars, 16000))
             self.decoders_built += 1
@@ -214,10 +217,7 @@ class RecognitionThread:
                         found[0].reset()
                         kept.append(found[0])
             case _Prepare(grammars, count):
-                kept = self._spare.setdefault(grammars, [])
-                while len(kept) < min(count, MAX_SPARE):
-                    kept.append(Recognizer(grammars, 16000))
-                    self.decoders_built += 1
+                self._fill_spares(grammars, count)
 
 
 _shared: RecognitionThread | None = None

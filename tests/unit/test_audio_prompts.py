@@ -86,6 +86,18 @@ def test_prompts_are_cached_per_rate_and_read_only() -> None:
         greeting[0] = 0
 
 
+def test_a_new_library_shares_the_loaded_audio_until_the_file_changes(tmp_path: Path) -> None:
+    """Loaded audio is kept for the process (the fork server loads it for every worker), by
+    file and rate: a second library gets the same array, and a rewritten file is read again."""
+    path = tmp_path / "hello.wav"
+    soundfile.write(str(path), np.full(800, 1000, np.int16), 8000)
+    first = PromptLibrary(tmp_path).get("hello", 8000)
+    assert PromptLibrary(tmp_path).get("hello", 8000) is first
+    soundfile.write(str(path), np.full(1600, -1000, np.int16), 8000)
+    again = PromptLibrary(tmp_path).get("hello", 8000)
+    assert len(again) == 1600 and int(again[0]) == -1000
+
+
 def test_load_all_fails_on_a_broken_file(tmp_path: Path) -> None:
     soundfile.write(str(tmp_path / "good.wav"), np.zeros(800, np.int16), 8000)
     (tmp_path / "broken.wav").write_bytes(b"RIFF not really")

@@ -159,10 +159,9 @@ def _run_worker(
         os.closerange(3, os.sysconf("SC_OPEN_MAX"))
         sys.stdin = open(0, closefd=False)  # noqa: SIM115 (the process's own descriptors)
         sys.stdout = open(1, "w", closefd=False, buffering=1)  # noqa: SIM115
-        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE):
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
             signal.signal(signum, signal.SIG_DFL)
-        # Python ignores SIGPIPE in every interpreter it starts; a worker expects the same.
-        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+        # SIGPIPE stays ignored, as Python leaves it in every interpreter it starts.
         os.environ.clear()
         os.environ.update(env)
         os.chdir(cwd)

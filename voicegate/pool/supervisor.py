@@ -20,6 +20,7 @@ import contextlib
 import enum
 import logging
 import os
+import resource
 import shutil
 import signal
 import sys
@@ -107,8 +108,6 @@ def raise_open_files_limit() -> None:
     its agent links) and Kamailio one per TCP or TLS connection; a soft limit of 1024, the
     common default, is reached by a large pool's front door long before the hard limit.
     """
-    import resource
-
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and soft < hard:
         with contextlib.suppress(ValueError, OSError):
