@@ -20,8 +20,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 import ssl
 import struct
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -36,6 +38,7 @@ from agents.remote.protocol import SUBPROTOCOL
 
 TO_AGENT = "to_agent"
 FROM_AGENT = "from_agent"
+KILL_GRACE_S = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,11 +254,32 @@ class ChaosProxy:
             await asyncio.gather(delivering, return_exceptions=True)
 
     async def _kill(self) -> bool:
+        """Close frames to both sides at once; a side that has not finished the closing
+        handshake within ``KILL_GRACE_S`` has its TCP socket shut down. A kill is a broken link,
+        so it must not wait on either peer's cooperation (a peer that answers a close late once
+        held a kill past the test's 10 s wait on a loaded CI machine)."""
         pair, self._pair = self._pair, None
         if pair is None:
             return False
-        for ws in pair:
-            await ws.close()
+        voicegate, agent = pair
+        closing: dict[asyncio.Task[bool], tuple[str, Any]] = {
+            asyncio.create_task(voicegate.close()): ("voicegate's side", voicegate),
+            asyncio.create_task(agent.close()): ("the agent's side", agent),
+        }
+        _, late = await asyncio.wait(closing, timeout=KILL_GRACE_S)
+        for task in late:
+            side, ws = closing[task]
+            sock = ws.get_extra_info("socket")
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+            print(
+                f"conformance proxy: {side} did not finish the closing handshake in "
+                f"{KILL_GRACE_S} s; its socket was shut down",
+                file=sys.stderr,
+            )
+        if late:
+            await asyncio.wait(late, timeout=KILL_GRACE_S)  # a shut-down socket ends close()
         return True
 
     async def _inject(self, frame: str | bytes | dict[str, Any]) -> None:
