@@ -72,6 +72,8 @@ T = TypeVar("T")
 _FORCED_END_WAIT_S = 3.0
 # A tick this late is logged: a blocked loop delays barge-in and playout for every call here.
 LOOP_BLOCKED_S = 0.25
+# How often the metrics counted in process (voicegate/observe/batched.py) reach prometheus.
+METRICS_FLUSH_S = 1.0
 # The call rates every prompt is converted to at start-up (a broken file fails start-up, not a
 # call); the pool's fork server loads them at the same rates before it forks the workers.
 PROMPT_RATES = (8000, 16000)
@@ -270,6 +272,7 @@ class Runtime:
         self._barge_in_tick_s = settings.audio.barge_in_tick_ms / 1000
         self._tick_at = 0.0  # when the last tick was due
         self._quickened = False  # the armed tick was pulled in by quicken_media_tick
+        self._flush_at = 0.0  # loop time of the next write of the batched metrics
 
     # --- CallServices ---------------------------------------------------------------------------
 
@@ -535,6 +538,7 @@ class Runtime:
         self._ticker = None
         if not self.calls:
             # Idle: no wake-ups until the next call (a pool has many idle workers).
+            self.metrics.frame_pipeline.flush()
             return
         loop = asyncio.get_running_loop()
         for call in self.calls.values():
@@ -547,6 +551,9 @@ class Runtime:
         if lag > LOOP_BLOCKED_S:
             log.warning("loop.blocked", extra={"late_ms": round(lag * 1000, 1)})
         self.metrics.media_ticks.labels("barge_in" if self._quickened else "steady").inc()
+        if now >= self._flush_at:
+            self.metrics.frame_pipeline.flush()
+            self._flush_at = now + METRICS_FLUSH_S
         self._quickened = False
         self._tick_at = self._next_tick
         # Re-arm on the grid; if the loop stalled, skip the missed ticks rather than firing them
@@ -818,6 +825,7 @@ class Runtime:
         for call in list(self.calls.values()):
             call.end(intent, after_playout=False)
         await self._wait_calls_done(_FORCED_END_WAIT_S)
+        self.metrics.frame_pipeline.flush()
         await self.rejoins.stop()
         if self.callbacks is not None:
             await self.callbacks.stop()

@@ -18,7 +18,7 @@ Not thread-safe: a decoder belongs to one thread (cmusphinx/pocketsphinx issue 3
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -61,7 +61,17 @@ class Heard:
 class Recognizer:
     """Recognition of one audio stream at ``rate`` Hz against one of ``grammars`` at a time."""
 
-    def __init__(self, grammars: Sequence[Grammar], rate: int, *, seed: int = 0) -> None:
+    def __init__(
+        self,
+        grammars: Sequence[Grammar],
+        rate: int,
+        *,
+        seed: int = 0,
+        options: Mapping[str, object] | None = None,
+    ) -> None:
+        """``options`` are further pocketsphinx settings (``ds``, ``topn``, ``bestpath``, ...)
+        over its defaults: bench/speech_options.py weighs what they save against what they
+        mishear; voicegate itself runs on the defaults."""
         if not grammars:
             raise GrammarError("a recognizer needs at least one grammar")
         names = [g.name for g in grammars]
@@ -73,6 +83,7 @@ class Recognizer:
             dict=str(trimmed_dictionary(words)),
             lm=None,
             loglevel="FATAL",
+            **(options or {}),
         )
         for grammar in grammars:
             self._decoder.add_jsgf_string(grammar.name, grammar.jsgf)

@@ -106,6 +106,16 @@ def test_an_unknown_grammar_is_refused_by_name() -> None:
         Recognizer(GRAMMARS, 16000).use("nope")
 
 
+def test_decoder_options_reach_pocketsphinx_and_an_unknown_one_is_refused() -> None:
+    # bench/speech_options.py weighs pocketsphinx's speed settings through this keyword.
+    recognizer = Recognizer(GRAMMARS, 8000, options={"ds": 2, "bestpath": False})
+    assert recognizer._decoder.config["ds"] == 2
+    assert recognizer._decoder.config["bestpath"] is False
+    assert Recognizer(GRAMMARS, 8000)._decoder.config["bestpath"] is True  # the default
+    with pytest.raises(KeyError, match="nosuch"):
+        Recognizer(GRAMMARS, 8000, options={"nosuch": 1})
+
+
 def test_results_come_from_the_recognition_thread_never_the_callers() -> None:
     worker = RecognitionThread()
     got: list[tuple[Heard, str]] = []

@@ -30,6 +30,7 @@ from session.vocabulary import (
     Terminal,
     TransferOutcome,
 )
+from voicegate.observe.batched import BatchedHistogram
 
 # Why the control API refused a request (voicegate/control/auth.py); a closed vocabulary.
 API_REFUSAL_REASONS = ("missing_key", "wrong_key", "other_tenant", "metrics_off")
@@ -307,11 +308,15 @@ class Metrics:
             ["pace"],
             registry=r,
         )
-        self.frame_pipeline = Histogram(
-            "voicegate_frame_pipeline_seconds",
-            "CPU time of the inbound pipeline (VAD, resampling) per 20 ms caller frame",
-            buckets=(5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 5e-3),
-            registry=r,
+        # Observed for every caller frame: counted in process, written once a second
+        # (voicegate/observe/batched.py; the runtime's media tick flushes it).
+        self.frame_pipeline = BatchedHistogram(
+            Histogram(
+                "voicegate_frame_pipeline_seconds",
+                "CPU time of the inbound pipeline (VAD, resampling) per 20 ms caller frame",
+                buckets=(5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 5e-3),
+                registry=r,
+            )
         )
         self.tool_calls = Counter(
             "voicegate_tool_calls_total",
