@@ -538,7 +538,6 @@ class Runtime:
         self._ticker = None
         if not self.calls:
             # Idle: no wake-ups until the next call (a pool has many idle workers).
-            self.metrics.frame_pipeline.flush()
             return
         loop = asyncio.get_running_loop()
         for call in self.calls.values():
@@ -741,6 +740,9 @@ class Runtime:
         finally:
             call.session_started.set()
             self.calls.pop(call.call_id, None)
+            if not self.calls:
+                # No tick runs until the next call: write this one's last frames now.
+                self.metrics.frame_pipeline.flush()
             self.outage.forget(call.call_id)
             if call.rejoin is not None:
                 self.rejoins.ended(call.call_id)

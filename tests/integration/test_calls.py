@@ -207,11 +207,7 @@ def test_no_input_asks_once_then_ends_timed_out(
     assert server.metric("voicegate_media_ticks_total", pace="steady") > 50
     assert server.metric("voicegate_media_ticks_total", pace="barge_in") == 0
     # Each caller frame's pipeline time is counted in process and written about once a second
-    # (voicegate/observe/batched.py): the idle runtime's next tick writes the last of them.
+    # (voicegate/observe/batched.py), and the rest when the last call ends.
     frames_in = server.metric("voicegate_media_frames_total", direction="in")
-    piped = wait_for(
-        lambda: server.metric("voicegate_frame_pipeline_seconds_count"),
-        10,
-        "the frame pipeline's observations to reach /metrics",
-    )
+    piped = server.metric("voicegate_frame_pipeline_seconds_count")
     assert 100 <= piped <= frames_in, (piped, frames_in)
