@@ -26,9 +26,11 @@ measures:
   clock's callback interval as the caller sees it;
 - memory (RSS) per call above the idle pool;
 
-then the set-up rate ramp: short calls at increasing rates, counting answered, refused (486/503)
-and failed calls per rate, the highest rate with no refusal and no failure, and whether any
-worker process died (an abort would show as a restart). Loopback only, bounded in calls and time.
+then the set-up rate ramp: short calls at increasing rates, counting the calls answered, refused
+to the caller (486/503) and failed per rate, and the 486/503 the workers gave (Kamailio then
+tries the next worker, so a call can be refused by one and answered by another), the highest rate
+with every call answered, and whether any worker process died (an abort would show as a
+restart). Loopback only, bounded in calls and time.
 
 ``--store`` picks the session store the pool writes: ``sqlite`` (the default: the embedded file
 in the pool's data directory), ``postgresql`` (a throw-away cluster, tests/pg_cluster.py, and a
@@ -908,7 +910,10 @@ def baseline_per_call(calls: int, hold_s: float, work: Path, media: BridgeMedia)
 def rate_ramp(pool: Target, rates: list[int], work: Path) -> int:
     """Prints each rate's counts; returns the highest rate with every call answered."""
     print("\nset-up rate ramp (uac-burst: INVITE, 200, ACK, BYE at once; 3 s per rate)")
-    print(f"  {'rate/s':>7} {'calls':>6} {'answered':>9} {'refused':>8} {'failed':>7}  workers")
+    print(
+        f"  {'rate/s':>7} {'calls':>6} {'answered':>9} {'refused':>8} {'by workers':>11} "
+        f"{'failed':>7}  workers"
+    )
     best = 0
     pids_before = set(pool.worker_pids())
     for rate in rates:
@@ -927,14 +932,19 @@ def rate_ramp(pool: Target, rates: list[int], work: Path) -> int:
             )
 
         answered = int(delta("voicegate_calls_offered_total"))
-        refused = int(
-            delta("voicegate_calls_refused_total") + delta("voicegate_front_door_refused_total")
-        )
+        # A worker's 486 or 503 sends the INVITE on to the next worker (Kamailio's failover):
+        # counted here once per refusal, so a call refused by one worker and taken by another
+        # is in both columns. The caller is refused only when every try was.
+        by_workers = int(delta("voicegate_calls_refused_total"))
         # uac-burst takes a 486 or 503 as a proper answer: what SIPp counts failed got none.
         failed_sipp = _sipp_failed(work / f"rate-{rate}")
+        refused = max(0, calls - answered - failed_sipp)
         alive = set(pool.worker_pids())
         state = "all up" if alive == pids_before and pool.restarts() == 0 else "RESTARTED"
-        print(f"  {rate:>7} {calls:>6} {answered:>9} {refused:>8} {failed_sipp:>7}  {state}")
+        print(
+            f"  {rate:>7} {calls:>6} {answered:>9} {refused:>8} {by_workers:>11} "
+            f"{failed_sipp:>7}  {state}"
+        )
         if answered == calls and failed_sipp == 0:
             best = rate
         time.sleep(2)

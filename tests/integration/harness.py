@@ -35,9 +35,9 @@ T = TypeVar("T")
 _used_ports: set[int] = set()
 
 # Under pytest-xdist (scripts/test runs the suite in several processes) each process draws its
-# ports from its own share, so two processes never hand out the same port: a free port picked in
-# one could otherwise be bound by the other between the pick and its server's bind. Shares of the
-# kernel's ports go by port // 2, since Linux hands bind() even ports and keeps odd for connect().
+# ports from its own share of each range below, so two processes never hand out the same port: a
+# free port picked in one could otherwise be bound by the other between the pick and its
+# server's bind.
 _SHARE = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0)
 _SHARES = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
 
@@ -49,22 +49,41 @@ def _slice(floor: int, ceiling: int) -> tuple[int, int]:
 
 
 def free_port(*, udp_and_tcp: bool = True) -> int:
-    """A port free on loopback for TCP (and UDP), not handed out before in this test run."""
-    for _ in range(200 * _SHARES):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as tcp:
-            tcp.bind((LOOPBACK, 0))
-            port = int(tcp.getsockname()[1])
-            if port in _used_ports or (port >> 1) % _SHARES != _SHARE:
-                continue
-            if udp_and_tcp:
-                try:
-                    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
-                        udp.bind((LOOPBACK, port))
-                except OSError:
-                    continue
-            _used_ports.add(port)
-            return port
-    raise RuntimeError("no free port")
+    """A port free on loopback for TCP (and UDP), not handed out before in this test run.
+
+    From outside the kernel's ephemeral ports: a port picked there and bound a moment later by
+    a server was once taken in between by a listener on port 0 in the other xdist process (an
+    aiohttp test server, which then answered the harness's /readyz with 404; CI, 2026-12-07),
+    and any process's client sockets draw from that range too. The kernel hands out none of
+    these ports by itself, so between the pick and the bind only another test could take one,
+    and the shares keep the xdist processes apart.
+    """
+    for _ in range(_FREE_CEILING - _FREE_FLOOR):
+        port = _next_free[0]
+        _next_free[0] = port + 1 if port + 1 < _FREE_CEILING else _FREE_FLOOR
+        if port == _FREE_FLOOR:
+            # A whole turn: the ports handed out then were freed long ago (their servers have
+            # stopped); the bind check below skips any still held.
+            _used_ports.difference_update(range(_FREE_FLOOR, _FREE_CEILING))
+        if port in _used_ports or not _bindable(port, udp_and_tcp):
+            continue
+        _used_ports.add(port)
+        return port
+    raise RuntimeError(f"no free port in {_FREE_FLOOR}-{_FREE_CEILING - 1}")
+
+
+def _outside_ephemeral() -> tuple[int, int]:
+    """Ports the kernel never picks by itself: above its ephemeral range if there is room
+    there, else below this harness's other ranges (2000-5999)."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    if high <= 64000:
+        return high + 1, 65536
+    if low > 6000:
+        return 2000, 6000
+    raise RuntimeError(f"the kernel's ephemeral ports {low}-{high} leave the tests no ports")
 
 
 def free_port_block(count: int, *, udp_and_tcp: bool = True) -> int:
@@ -88,6 +107,8 @@ def free_port_block(count: int, *, udp_and_tcp: bool = True) -> int:
 
 
 _BLOCK_FLOOR, _BLOCK_CEILING = _slice(6000, 11900)
+_FREE_FLOOR, _FREE_CEILING = _slice(*_outside_ephemeral())
+_next_free = [_FREE_FLOOR + (os.getpid() * 7) % (_FREE_CEILING - _FREE_FLOOR)]
 _next_block = [_BLOCK_FLOOR + (os.getpid() * 100) % (_BLOCK_CEILING - _BLOCK_FLOOR - 100)]
 
 
