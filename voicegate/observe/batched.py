@@ -5,7 +5,8 @@ file (its bucket and its sum), each behind a lock and a pid check: about 1.7 us 
 as much as webrtcvad's verdict on the same frame. ``voicegate_frame_pipeline_seconds`` is
 observed for every 20 ms caller frame of every call, so its observations are counted here in
 plain integers and added to the histogram in one go by :meth:`BatchedHistogram.flush`, which the
-runtime calls about once a second. The exported series are exactly those of observing each value.
+runtime calls about once a second. The exported series are those of observing each value: the
+same counts, and the same sum but for float rounding.
 
 prometheus-client has no public call to add n observations to a bucket, so the flush uses the
 histogram's ``_upper_bounds``, ``_buckets`` and ``_sum`` (the same in every release since 0.4);
@@ -24,7 +25,7 @@ class BatchedHistogram:
     """Counts observations of an unlabelled ``Histogram`` until :meth:`flush`. One thread only
     (the event loop's)."""
 
-    __slots__ = ("_bounds", "_counts", "_histogram", "_sum", "pending")
+    __slots__ = ("_bounds", "_counts", "_histogram", "_sum")
 
     def __init__(self, histogram: Histogram) -> None:
         self._histogram = histogram
@@ -32,16 +33,19 @@ class BatchedHistogram:
         self._bounds: tuple[float, ...] = tuple(histogram._upper_bounds)
         self._counts = [0] * len(self._bounds)
         self._sum = 0.0
-        self.pending = 0
+
+    @property
+    def pending(self) -> int:
+        """Observations not yet added to the histogram."""
+        return sum(self._counts)
 
     def observe(self, amount: float) -> None:
         self._counts[bisect_left(self._bounds, amount)] += 1
         self._sum += amount
-        self.pending += 1
 
     def flush(self) -> None:
         """Add what was observed since the last flush to the histogram."""
-        if not self.pending:
+        if not any(self._counts):
             return
         histogram = self._histogram
         for i, count in enumerate(self._counts):
@@ -50,4 +54,3 @@ class BatchedHistogram:
                 self._counts[i] = 0
         histogram._sum.inc(self._sum)
         self._sum = 0.0
-        self.pending = 0
