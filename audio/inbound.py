@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Final
 
 import numpy as np
 
@@ -17,6 +18,39 @@ from audio.evidence_vad import EvidenceVad
 from audio.frame import FRAME_RATES, Frame, FrameError, samples_per_frame
 from audio.resample import StreamResampler
 from audio.vad import VadConfig, VadEvent, VoiceActivity
+
+PIPELINE_BUCKETS_S: Final = (5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 5e-3)
+"""Buckets of ``voicegate_frame_pipeline_seconds``: the time a caller frame takes here, or in the
+C media port's detector (telephony/c_media_port.py), which counts into the same ones."""
+
+
+class AgentAudio:
+    """Caller frames as the agent takes them: at its rate, timestamped on its clock."""
+
+    __slots__ = ("_pcm_dtype", "_resampler", "agent_rate", "call_rate")
+
+    def __init__(self, call_rate: int, agent_rate: int) -> None:
+        self.call_rate = call_rate
+        self.agent_rate = agent_rate
+        # Only when the rates differ: an equal-rate StreamResampler would still copy every frame.
+        self._resampler = (
+            StreamResampler(call_rate, agent_rate) if call_rate != agent_rate else None
+        )
+        self._pcm_dtype = np.dtype("<i2")
+
+    @property
+    def delay(self) -> int:
+        """Agent-rate samples by which agent audio lags its frame timestamps (filter delay)."""
+        return self._resampler.delay if self._resampler is not None else 0
+
+    def frame(self, pcm: bytes, timestamp: int) -> Frame:
+        """The agent's frame of one 20 ms frame of caller PCM whose first sample is at
+        ``timestamp`` (call rate); frames in order, gaps allowed (the resampler runs on)."""
+        samples = np.frombuffer(pcm, dtype=self._pcm_dtype)
+        if self._resampler is None:
+            return Frame(samples, self.call_rate, timestamp)
+        converted = self._resampler.process(samples)
+        return Frame(converted, self.agent_rate, timestamp * self.agent_rate // self.call_rate)
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,8 +76,7 @@ class InboundPipeline:
     """
 
     __slots__ = (
-        "_pcm_dtype",
-        "_resampler",
+        "_agent",
         "agent_rate",
         "call_rate",
         "frame_bytes",
@@ -67,18 +100,14 @@ class InboundPipeline:
             if config.detector == "evidence"
             else VoiceActivity(call_rate, config)
         )
-        # Only when the rates differ: an equal-rate StreamResampler would still copy every frame.
-        self._resampler = (
-            StreamResampler(call_rate, agent_rate) if call_rate != agent_rate else None
-        )
-        self._pcm_dtype = np.dtype("<i2")
+        self._agent = AgentAudio(call_rate, agent_rate)
         self.frames = 0
         self.total_ns = 0
 
     @property
     def delay(self) -> int:
         """Agent-rate samples by which agent audio lags its frame timestamps (filter delay)."""
-        return self._resampler.delay if self._resampler is not None else 0
+        return self._agent.delay
 
     @property
     def mean_us(self) -> float:
@@ -100,15 +129,7 @@ class InboundPipeline:
                 f"got {len(pcm)}"
             )
         event = self.vad.process_pcm(pcm, timestamp)
-        frame: Frame | None = None
-        if for_agent:
-            samples = np.frombuffer(pcm, dtype=self._pcm_dtype)
-            if self._resampler is None:
-                frame = Frame(samples, self.call_rate, timestamp)
-            else:
-                converted = self._resampler.process(samples)
-                at = timestamp * self.agent_rate // self.call_rate
-                frame = Frame(converted, self.agent_rate, at)
+        frame = self._agent.frame(pcm, timestamp) if for_agent else None
         self.frames += 1
         self.total_ns += time.perf_counter_ns() - started
         return InboundResult(frame, event, self.vad.speech_ms)

@@ -13,6 +13,12 @@ moves frames in batches once per ``audio.tick_ms``:
 The port is declared against PJSIP 2.15.1's structures, so it is only used with that release,
 after its layout check, and after :func:`self_test` has seen a frame cross the bridge between two
 of them; otherwise voicegate keeps its Python port (``media.port``, README).
+
+With the evidence detector (``audio.vad_detector``, the default) the port also runs it on every
+caller frame, on the clock thread (``telephony/evidence_vad.c``, webrtcvad's C functions taken
+from the webrtcvad wheel's own library): per frame, the detector there costs a few microseconds
+of C where Python spent about 16 (docs/benchmarks.md), and asyncio gets records only for the
+frames its turns and barge-in act on, and the caller's audio only for an agent that takes it.
 """
 
 from __future__ import annotations
@@ -25,7 +31,9 @@ from typing import Any, Protocol
 
 import pjsua2 as pj
 
+from audio.inbound import PIPELINE_BUCKETS_S
 from audio.playout import RingStatus
+from audio.vad import VadConfig
 
 PJSIP_RELEASE = "2.15.1"
 # Outbound frames a port holds: more than the longest asyncio tick (60 ms) plus its lateness
@@ -33,6 +41,9 @@ PJSIP_RELEASE = "2.15.1"
 OUT_FRAMES = 16
 # Caller frames held for asyncio: one second, as the Python port's deque.
 IN_FRAMES = 50
+# Detector records held for asyncio (media_port.c's REC_CAP) and the int64 fields of each.
+REC_CAP = 512
+REC_FIELDS = 4
 
 _u64 = ctypes.c_uint64
 _u32 = ctypes.c_uint32
@@ -51,7 +62,47 @@ class _Status(ctypes.Structure):
         ("rx_overflow", _u64),
         ("out_queued", _u32),
         ("in_queued", _u32),
+        ("rec_overflow", _u64),
+        ("detecting", _u32),
+        ("stirring", _u32),
     )
+
+
+class _EvConfig(ctypes.Structure):
+    # ev_config in evidence_vad.h.
+    _fields_ = (
+        ("aggressiveness", ctypes.c_int32),
+        ("onset_frames", ctypes.c_int32),
+        ("hangover_frames", ctypes.c_int32),
+        ("window_frames", ctypes.c_int32),
+        ("warmup_frames", ctypes.c_int32),
+        ("pad", ctypes.c_int32),
+        ("margin_db", ctypes.c_double),
+        ("floor_rise_db_s", ctypes.c_double),
+    )
+
+
+def detector_config(config: VadConfig) -> _EvConfig | None:
+    """``config`` as the C detector takes it, or None when it asks for what only Python runs
+    (the ``verdicts`` detector, VAD frames other than 20 ms)."""
+    if config.detector != "evidence" or config.frame_ms != 20:
+        return None
+    onset = -(-config.onset_ms // 20)
+    # As EvidenceVad.__init__ rounds them.
+    return _EvConfig(
+        aggressiveness=config.aggressiveness,
+        onset_frames=onset,
+        hangover_frames=-(-config.hangover_ms // 20),
+        window_frames=max(onset, config.window_ms // 20),
+        warmup_frames=-(-config.warmup_ms // 20),
+        margin_db=config.margin_db,
+        floor_rise_db_s=config.floor_rise_db_s,
+    )
+
+
+_BOUNDS_NS = (ctypes.c_uint64 * len(PIPELINE_BUCKETS_S))(
+    *(round(bound * 1e9) for bound in PIPELINE_BUCKETS_S)
+)
 
 
 class RingUser(Protocol):
@@ -103,7 +154,19 @@ class CPortLibrary:
         vg.vg_port_status.argtypes = (_ptr, _u64, status_p)
         vg.vg_port_tick.restype = None
         vg.vg_port_tick.argtypes = (_ptr, ctypes.c_char_p, ctypes.c_char_p)
+        vg.vg_vad_bind.restype = ctypes.c_int
+        vg.vg_vad_bind.argtypes = (_ptr, _ptr, _ptr, _ptr)
+        vg.vg_port_detect.restype = ctypes.c_int
+        vg.vg_port_detect.argtypes = (
+            _ptr, _u64, ctypes.POINTER(_EvConfig), ctypes.POINTER(_u64), _u32
+        )
+        vg.vg_port_drain.restype = ctypes.c_int
+        vg.vg_port_drain.argtypes = (
+            _ptr, _u64, ctypes.c_char_p, _u32, ctypes.c_void_p, _u32, ctypes.POINTER(_u32),
+            ctypes.POINTER(_u64), status_p,
+        )
         self.vg = vg
+        self.detects = self._bind_webrtcvad()
         # CDLL lets the GIL go: pjsua takes its own locks, and a Python port's callback may hold
         # the bridge's while it waits for the GIL.
         pjsua = ctypes.CDLL(pjsua_library)
@@ -119,6 +182,19 @@ class CPortLibrary:
             fn.argtypes = (ctypes.c_int, ctypes.c_int)
         self.pjsua = pjsua
         self._info_init = ctypes.cast(pjsua.pjmedia_port_info_init, _ptr).value
+
+    def _bind_webrtcvad(self) -> bool:
+        """Hand the detector webrtcvad's C functions from the wheel's own library, which exports
+        them (``nm -D``); False, and caller frames keep Python's detector, if it cannot."""
+        try:
+            import _webrtcvad  # the webrtcvad wheel's extension
+
+            vad = ctypes.CDLL(_webrtcvad.__file__)
+            names = ("Create", "Init", "set_mode", "Process")
+            addresses = [ctypes.cast(getattr(vad, f"WebRtcVad_{n}"), _ptr).value for n in names]
+        except (ImportError, OSError, AttributeError):
+            return False
+        return bool(self.vg.vg_vad_bind(*addresses) == 0)
 
     @classmethod
     def load(cls) -> CPortLibrary:
@@ -180,7 +256,22 @@ class CRing:
     moved on, so a late call from this one cannot touch the next caller's audio.
     """
 
-    __slots__ = ("_buf", "_epoch", "_port", "_st", "_vg", "frame_bytes", "rx_frames", "rx_overflow")
+    __slots__ = (
+        "_buf",
+        "_epoch",
+        "_n_recs",
+        "_port",
+        "_recs",
+        "_st",
+        "_timing",
+        "_vg",
+        "detecting",
+        "frame_bytes",
+        "rec_overflow",
+        "rx_frames",
+        "rx_overflow",
+        "stirring",
+    )
 
     def __init__(self, lib: CPortLibrary, port: int, epoch: int, frame_bytes: int) -> None:
         self._vg = lib.vg
@@ -191,6 +282,13 @@ class CRing:
         self._buf = ctypes.create_string_buffer(IN_FRAMES * frame_bytes)
         self.rx_frames = 0
         self.rx_overflow = 0
+        # Set by detect(); then drain() replaces take().
+        self.detecting = False
+        self.stirring = False
+        self.rec_overflow = 0
+        self._recs: ctypes.Array[ctypes.c_int64] | None = None
+        self._n_recs = _u32()
+        self._timing = (_u64 * (len(PIPELINE_BUCKETS_S) + 2))()
 
     @property
     def capacity(self) -> int:
@@ -222,6 +320,49 @@ class CRing:
             return None
         return self._status()
 
+    def detect(self, config: VadConfig) -> bool:
+        """Run the caller's frames through the C evidence detector from now on (before the call
+        has audio); False if it cannot (the configuration, or no webrtcvad for C)."""
+        c_config = detector_config(config)
+        if c_config is None:
+            return False
+        status = self._vg.vg_port_detect(
+            self._port, self._epoch, ctypes.byref(c_config), _BOUNDS_NS, len(_BOUNDS_NS)
+        )
+        if status == 0:
+            self.detecting = True
+            self._recs = (ctypes.c_int64 * (REC_CAP * REC_FIELDS))()
+        return self.detecting
+
+    def drain(self, pcm: bool) -> tuple[list[bytes], list[int], list[int]]:
+        """With the detector: every caller frame waiting leaves the port. Returns the frames
+        (the newest second of them, only when ``pcm``), the records of those worth acting on
+        (flat: index, kind, timestamp, speech_ms; media_port.c), and their time in the
+        detector (a count per :data:`PIPELINE_BUCKETS_S` bucket and one above, then the sum in
+        ns). Nothing once the port serves another call."""
+        recs = self._recs
+        assert recs is not None, "drain() before detect()"
+        timing = self._timing
+        n = self._vg.vg_port_drain(
+            self._port, self._epoch, self._buf if pcm else None, IN_FRAMES, recs, REC_CAP,
+            ctypes.byref(self._n_recs), timing, ctypes.byref(self._st),
+        )
+        if n < 0:
+            return [], [], []
+        st = self._st
+        self.rx_frames = st.rx_frames
+        self.rx_overflow = st.rx_overflow
+        self.rec_overflow = st.rec_overflow
+        self.stirring = bool(st.stirring)
+        count = self._n_recs.value
+        records = recs[: count * REC_FIELDS] if count else []
+        frames: list[bytes] = []
+        if n:
+            fb = self.frame_bytes
+            raw = ctypes.string_at(self._buf, n * fb)
+            frames = [raw[i * fb : (i + 1) * fb] for i in range(n)]
+        return frames, records, timing[:]
+
     def take(self) -> list[bytes]:
         """The caller frames waiting, oldest first (none once the port serves another call)."""
         n = self._vg.vg_port_take(
@@ -242,8 +383,12 @@ class CMediaPort:
     :meth:`attach` hands the next call a fresh :class:`CRing`.
     """
 
-    def __init__(self, lib: CPortLibrary, pool: int, name: str, rate: int) -> None:
+    def __init__(
+        self, lib: CPortLibrary, pool: int, name: str, rate: int, vad: VadConfig | None = None
+    ) -> None:
         self._lib = lib
+        # Caller frames go through the C detector with this, where it can run.
+        self.vad = vad if lib.detects else None
         self.name = name
         self.rate = rate
         self.frame_bytes = rate // 50 * 2
@@ -259,7 +404,10 @@ class CMediaPort:
     def attach(self, channel: RingUser) -> None:
         """Serve ``channel`` from the next tick on."""
         self.channel = channel
-        channel.use_ring(self.new_ring())
+        ring = self.new_ring()
+        if self.vad is not None:
+            ring.detect(self.vad)
+        channel.use_ring(ring)
 
     def connect(self, audio: Any) -> None:
         """Both ways between this port and a call's ``pj.AudioMedia``."""

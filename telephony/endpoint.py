@@ -112,7 +112,9 @@ class SipEndpoint:
         self._half_open = HalfOpen(config.ack_timeout_s)
         self._lingering = Lingering()
         self._terminator: DialogTerminator | None = None
-        self._ports = PortPool(config.clock_rate, config.playout_max_ms, self.thread_states)
+        self._ports = PortPool(
+            config.clock_rate, config.playout_max_ms, self.thread_states, config.inbound_vad
+        )
 
     # --- asyncio side -------------------------------------------------------------------------
 
@@ -167,7 +169,9 @@ class SipEndpoint:
             if self.config.tls_port
             else ()
         )
-        self.post(ev.TransportsUp(addresses, copier.fast, "c" if self._ports.c_ports else "python"))
+        ports = self._ports
+        media_port = "c" if ports.c_ports else "python"
+        self.post(ev.TransportsUp(addresses, copier.fast, media_port, ports.c_detector))
         self._ready.set()
         try:
             self._loop_until_stopped()

@@ -26,6 +26,8 @@ class TransportsUp:
     fast_copy: bool
     media_port: str = "python"
     """The media port calls get: "c" or "python" (telephony.c_media_port)."""
+    c_detector: bool = False
+    """Whether those C ports run the caller's frames through the C evidence detector."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ from typing import Any
 
 import pjsua2 as pj
 
+from audio.vad import VadConfig
 from telephony.pjsip_log import DECOR, route_early_lines
 
 # telephony.endpoint imports it from here, where it was before telephony.pjsip_log.
@@ -51,6 +52,8 @@ class EndpointConfig:
     health_poll_s: float = 0.2
     resample_quality: int = 8
     media_port: str = "c"
+    # The C port runs caller frames through this detector where it can (telephony.c_media_port).
+    inbound_vad: VadConfig | None = None
     ack_timeout_s: float = 8.0
     # Each call's RTP only from its caller's source (telephony.strict_source).
     strict_source: bool = False

@@ -40,9 +40,27 @@ class MediaChannel:
     On a C port (telephony.c_media_port) the media thread touches none of this: the port's
     :class:`~telephony.c_media_port.CRing` holds the frames in between, ``playout`` plays
     through it, and :meth:`collect` moves caller frames from it into ``inbound``.
+
+    When that port runs the evidence detector (``detecting``), :meth:`collect` brings its
+    ``records`` instead (flat: index, kind, timestamp, speech_ms per frame worth acting on;
+    indices and timestamps count from this channel's first frame), its time per frame
+    (``take_timing``), ``stirring``, and the caller's frames only while ``wants_pcm``.
     """
 
-    __slots__ = ("frame_size", "inbound", "playout", "rate", "ring", "rx_frames", "rx_overflow")
+    __slots__ = (
+        "_timing",
+        "detecting",
+        "frame_size",
+        "inbound",
+        "playout",
+        "rate",
+        "records",
+        "ring",
+        "rx_frames",
+        "rx_overflow",
+        "stirring",
+        "wants_pcm",
+    )
 
     def __init__(
         self, rate: int, inbound_frames: int = 50, *, playout: Playout | None = None
@@ -55,10 +73,16 @@ class MediaChannel:
         self.rx_frames = 0
         self.rx_overflow = 0
         self.ring: CRing | None = None
+        self.detecting = False
+        self.records: list[int] = []
+        self.stirring = False
+        self.wants_pcm = False
+        self._timing: list[int] = []
 
     def use_ring(self, ring: CRing) -> None:
         """Take audio through a C port's ring from now on (before the call has any audio)."""
         self.ring = ring
+        self.detecting = ring.detecting
         self.playout.attach_ring(ring)
 
     def collect(self) -> None:
@@ -66,11 +90,37 @@ class MediaChannel:
         ring = self.ring
         if ring is None:
             return
+        if self.detecting:
+            frames, records, timing = ring.drain(self.wants_pcm)
+            if frames:
+                self.inbound.extend(frames)
+            if records:
+                self.records.extend(records)
+            if timing and timing[-1]:
+                mine = self._timing
+                if mine:
+                    timing = [a + b for a, b in zip(mine, timing, strict=True)]
+                self._timing = timing
+            self.rx_frames = ring.rx_frames
+            self.rx_overflow = ring.rx_overflow
+            self.stirring = ring.stirring
+            return
         frames = ring.take()
         if frames:
             self.inbound.extend(frames)
             self.rx_frames = ring.rx_frames
             self.rx_overflow = ring.rx_overflow
+
+    def take_timing(self) -> list[int]:
+        """The detector's frame times since the last call (bucket counts, then their sum in
+        ns; empty if none)."""
+        timing, self._timing = self._timing, []
+        return timing
+
+    def discard_inbound(self) -> None:
+        """Drop the caller's audio collected so far, and the detector's records of it."""
+        self.inbound.clear()
+        self.records.clear()
 
     def push_inbound(self, data: bytes) -> None:
         inbound = self.inbound

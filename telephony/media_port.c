@@ -27,6 +27,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "evidence_vad.h"
+
 /* --- pjmedia 2.15.1 declarations (pjmedia/port.h, format.h, frame.h) ------------------------ */
 
 typedef struct {
@@ -96,7 +98,14 @@ typedef struct {
     uint64_t rx_overflow;  /* caller frames dropped because the asyncio side fell behind */
     uint32_t out_queued;   /* outbound frames waiting in the ring */
     uint32_t in_queued;    /* caller frames waiting in the ring */
+    uint64_t rec_overflow; /* detector records dropped because the asyncio side fell behind */
+    uint32_t detecting;    /* the caller's frames go through the evidence detector */
+    uint32_t stirring;     /* its EvidenceVad.stirring after the last frame */
 } vg_status;
+
+/* A caller frame the detector made worth Python's attention (an event, or the caller speaking):
+ * its index in this epoch, ev_result's kind, timestamp and speech_ms. */
+enum { REC_FIELDS = 4, REC_CAP = 512, MAX_BOUNDS = 15 };
 
 typedef struct {
     pjm_port base; /* first: PJSIP's pointer to the port is a pointer to this */
@@ -112,6 +121,15 @@ typedef struct {
     int sounding;
     int more_due;
     vg_status st;
+    /* The detector, made at the first vg_port_detect; on only while st.detecting. */
+    ev_state *det;
+    int64_t *recs;
+    uint32_t rec_head, rec_len;
+    /* Its time per frame, as voicegate_frame_pipeline_seconds buckets it (bounds in ns). */
+    uint32_t n_bounds;
+    uint64_t bounds_ns[MAX_BOUNDS];
+    uint64_t timing[MAX_BOUNDS + 1];
+    uint64_t timing_ns;
 } vg_port;
 
 static uint64_t monotonic_ns(void) {
@@ -149,6 +167,36 @@ static int vg_get_frame(pjm_port *base, pjm_frame *frame) {
     return 0;
 }
 
+/* Clock thread, port locked: the frame at in_buf's new slot through the detector; what it makes
+ * of the frame becomes a record when Python has something to do with it. */
+static void detect(vg_port *p, const int16_t *pcm) {
+    ev_result r;
+    uint64_t started = monotonic_ns();
+    ev_process(p->det, pcm, (int64_t)p->st.rx_frames * p->det->length, &r);
+    uint64_t spent = monotonic_ns() - started;
+    uint32_t bucket = 0;
+    while (bucket < p->n_bounds && spent > p->bounds_ns[bucket])
+        bucket++;
+    p->timing[bucket]++;
+    p->timing_ns += spent;
+    if (r.kind == EV_NONE && r.speech_ms == 0)
+        return;
+    uint32_t slot;
+    if (p->rec_len == REC_CAP) {
+        slot = p->rec_head;
+        p->rec_head = (p->rec_head + 1) % REC_CAP;
+        p->st.rec_overflow++;
+    } else {
+        slot = (p->rec_head + p->rec_len) % REC_CAP;
+        p->rec_len++;
+    }
+    int64_t *rec = p->recs + (size_t)slot * REC_FIELDS;
+    rec[0] = (int64_t)p->st.rx_frames;
+    rec[1] = r.kind;
+    rec[2] = r.timestamp;
+    rec[3] = r.speech_ms;
+}
+
 /* Clock thread: one frame of the caller. The bridge also sends an empty frame every tick to a
  * port nothing transmits to; that is not caller audio. */
 static int vg_put_frame(pjm_port *base, pjm_frame *frame) {
@@ -166,13 +214,18 @@ static int vg_put_frame(pjm_port *base, pjm_frame *frame) {
         slot = (p->in_head + p->in_len) % p->in_cap;
         p->in_len++;
     }
-    memcpy(p->in_buf + (size_t)slot * p->frame_bytes, frame->buf, p->frame_bytes);
+    uint8_t *pcm = p->in_buf + (size_t)slot * p->frame_bytes;
+    memcpy(pcm, frame->buf, p->frame_bytes);
+    if (p->st.detecting)
+        detect(p, (const int16_t *)pcm);
     p->st.rx_frames++;
     pthread_mutex_unlock(&p->lock);
     return 0;
 }
 
 /* --- the asyncio side's API ------------------------------------------------------------------ */
+
+static int lock_epoch(vg_port *p, uint64_t epoch);
 
 /* A new port of frame_bytes-byte frames holding out_cap outbound and in_cap caller frames, with
  * its pjmedia info filled by PJSIP's own pjmedia_port_info_init. NULL on bad arguments or when
@@ -229,8 +282,49 @@ uint64_t vg_port_attach(void *port) {
     p->out_head = p->out_len = p->in_head = p->in_len = 0;
     p->sounding = p->more_due = 0;
     memset(&p->st, 0, sizeof(p->st));
+    p->rec_head = p->rec_len = 0;
+    memset(p->timing, 0, sizeof(p->timing));
+    p->timing_ns = 0;
     pthread_mutex_unlock(&p->lock);
     return epoch;
+}
+
+/* Give the detector webrtcvad's C functions (from the webrtcvad wheel's library): 0, or -1. */
+int vg_vad_bind(void *create, void *init, void *set_mode, void *process) {
+    return ev_bind((ev_vad_create_fn)create, (ev_vad_init_fn)init, (ev_vad_set_mode_fn)set_mode,
+                   (ev_vad_process_fn)process);
+}
+
+/* Run this epoch's caller frames through the evidence detector from the next one on, fresh, with
+ * cfg; time each frame into the buckets bounds_ns (ascending, at most MAX_BOUNDS; the last
+ * bucket is everything above). 0; -1 for a stale epoch; -2 if the detector cannot run (webrtcvad
+ * not bound, a configuration it refuses, out of memory). */
+int vg_port_detect(void *port, uint64_t epoch, const ev_config *cfg, const uint64_t *bounds_ns,
+                   uint32_t n_bounds) {
+    vg_port *p = port;
+    if (n_bounds > MAX_BOUNDS)
+        return -2;
+    if (!lock_epoch(p, epoch))
+        return -1;
+    int status = 0;
+    if (!p->det)
+        p->det = calloc(1, sizeof(*p->det));
+    if (!p->recs)
+        p->recs = calloc((size_t)REC_CAP * REC_FIELDS, sizeof(int64_t));
+    uint32_t rate = p->base.info.fmt.det.aud.clock_rate;
+    if (!p->det || !p->recs || ev_reset(p->det, (int)rate, cfg) != 0) {
+        p->st.detecting = 0;
+        status = -2;
+    } else {
+        p->st.detecting = 1;
+        p->rec_head = p->rec_len = 0;
+        p->n_bounds = n_bounds;
+        memcpy(p->bounds_ns, bounds_ns, n_bounds * sizeof(uint64_t));
+        memset(p->timing, 0, sizeof(p->timing));
+        p->timing_ns = 0;
+    }
+    pthread_mutex_unlock(&p->lock);
+    return status;
 }
 
 static void fill_status(vg_port *p, vg_status *out) {
@@ -238,6 +332,7 @@ static void fill_status(vg_port *p, vg_status *out) {
         *out = p->st;
         out->out_queued = p->out_len;
         out->in_queued = p->in_len;
+        out->stirring = p->st.detecting && ev_stirring(p->det);
     }
 }
 
@@ -301,6 +396,42 @@ int vg_port_take(void *port, uint64_t epoch, uint8_t *dst, uint32_t max, vg_stat
         p->in_head = (p->in_head + 1) % p->in_cap;
     }
     p->in_len -= n;
+    fill_status(p, out);
+    pthread_mutex_unlock(&p->lock);
+    return (int)n;
+}
+
+/* The detector's side of vg_port_take: every caller frame waiting leaves the ring, copied to
+ * pcm (up to max frames, the newest; NULL: none wanted) and its records to recs (up to max_recs,
+ * REC_FIELDS each, oldest first; *n_recs says how many). timing gets the frame times since the
+ * last drain: n_bounds + 1 bucket counts, then their sum in ns; they start again from zero.
+ * Returns the frames copied, or -1 for a stale epoch. */
+int vg_port_drain(void *port, uint64_t epoch, uint8_t *pcm, uint32_t max, int64_t *recs,
+                  uint32_t max_recs, uint32_t *n_recs, uint64_t *timing, vg_status *out) {
+    vg_port *p = port;
+    if (!lock_epoch(p, epoch))
+        return -1;
+    uint32_t skip = p->in_len > max ? p->in_len - max : 0;
+    uint32_t n = pcm ? p->in_len - skip : 0;
+    uint32_t head = (p->in_head + skip) % p->in_cap;
+    for (uint32_t i = 0; i < n; i++) {
+        memcpy(pcm + (size_t)i * p->frame_bytes, p->in_buf + (size_t)head * p->frame_bytes,
+               p->frame_bytes);
+        head = (head + 1) % p->in_cap;
+    }
+    p->in_head = p->in_len = 0;
+    uint32_t r = p->rec_len < max_recs ? p->rec_len : max_recs;
+    for (uint32_t i = 0; i < r; i++) {
+        memcpy(recs + (size_t)i * REC_FIELDS, p->recs + (size_t)p->rec_head * REC_FIELDS,
+               REC_FIELDS * sizeof(int64_t));
+        p->rec_head = (p->rec_head + 1) % REC_CAP;
+    }
+    p->rec_len -= r;
+    *n_recs = r;
+    memcpy(timing, p->timing, (p->n_bounds + 1) * sizeof(uint64_t));
+    timing[p->n_bounds + 1] = p->timing_ns;
+    memset(p->timing, 0, sizeof(p->timing));
+    p->timing_ns = 0;
     fill_status(p, out);
     pthread_mutex_unlock(&p->lock);
     return (int)n;

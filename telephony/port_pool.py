@@ -11,11 +11,13 @@ import time
 from typing import Any
 
 from audio.playout import Playout
+from audio.vad import VadConfig
 from telephony.c_media_port import (
     BridgeError,
     CMediaPort,
     CPortLibrary,
     CPortUnavailable,
+    detector_config,
     self_test,
 )
 from telephony.frame_copy import Copier
@@ -35,8 +37,16 @@ MediaPort = MediaBridge | CMediaPort
 class PortPool:
     """Borrow a port for a call, detach it when the call ends, recycle it once it is quiet."""
 
-    def __init__(self, rate: int, playout_max_ms: int, thread_states: ThreadStatePins) -> None:
+    def __init__(
+        self,
+        rate: int,
+        playout_max_ms: int,
+        thread_states: ThreadStatePins,
+        vad: VadConfig | None = None,
+    ) -> None:
         self.rate = rate
+        # C ports run the caller's frames through the C evidence detector with this.
+        self._vad = vad
         self._playout_max_ms = playout_max_ms
         # Chosen once the library runs (telephony.frame_copy checks it against pjsua2's vectors).
         self.copier: Copier | None = None
@@ -52,13 +62,23 @@ class PortPool:
     def c_ports(self) -> bool:
         return self._c_ports is not None
 
+    @property
+    def c_detector(self) -> bool:
+        """Whether calls' C ports run the evidence detector on the clock thread."""
+        return (
+            self._c_ports is not None
+            and self._c_ports[0].detects
+            and self._vad is not None
+            and detector_config(self._vad) is not None
+        )
+
     def start_c_ports(self) -> None:
         """Use C ports if this build has them and two of them pass a frame across the bridge."""
         rate = self.rate
         try:
             lib = CPortLibrary.load()
             pool = lib.pool("voicegate-ports")
-            pair = [CMediaPort(lib, pool, f"vg-{i}-{rate}", rate) for i in range(2)]
+            pair = [CMediaPort(lib, pool, f"vg-{i}-{rate}", rate, self._vad) for i in range(2)]
             passed = self_test(lib, pair[0], pair[1])
         except (CPortUnavailable, BridgeError, OSError) as exc:
             log.warning("C media port unavailable, using the Python port: %s", exc)
@@ -83,7 +103,7 @@ class PortPool:
             return port
         name = f"vg-{len(self._all)}-{rate}"
         if self._c_ports is not None:
-            port = CMediaPort(*self._c_ports, name, rate)
+            port = CMediaPort(*self._c_ports, name, rate, self._vad)
             port.attach(channel)
         else:
             assert self.copier is not None

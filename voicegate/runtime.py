@@ -79,6 +79,21 @@ METRICS_FLUSH_S = 1.0
 PROMPT_RATES = (8000, 16000)
 
 
+def inbound_vad(settings: Settings) -> VadConfig:
+    """The caller's voice activity detector, as ``[audio]`` sets it."""
+    a = settings.audio
+    return VadConfig(
+        aggressiveness=a.vad_aggressiveness,
+        frame_ms=a.vad_frame_ms,
+        onset_ms=a.vad_onset_ms,
+        hangover_ms=a.vad_hangover_ms,
+        detector=a.vad_detector,
+        margin_db=a.vad_margin_db,
+        window_ms=a.vad_window_ms,
+        floor_rise_db_s=a.vad_floor_rise_db_per_s,
+    )
+
+
 def endpoint_config(settings: Settings) -> EndpointConfig:
     sip, media = settings.sip, settings.media
     tenants = tenants_of(settings)
@@ -107,6 +122,7 @@ def endpoint_config(settings: Settings) -> EndpointConfig:
         strict_source=media.strict_source_on,
         fast_copy=media.fast_frame_copy,
         media_port=media.port,
+        inbound_vad=inbound_vad(settings),
         gap_threshold_s=media.gap_threshold_s,
         session_expires_s=sip.session_expires_s,
         ack_timeout_s=sip.ack_timeout_s,
@@ -285,16 +301,7 @@ class Runtime:
 
     def audio_settings(self) -> tuple[int, VadConfig, BargeInConfig]:
         a = self.settings.audio
-        vad = VadConfig(
-            aggressiveness=a.vad_aggressiveness,
-            frame_ms=a.vad_frame_ms,
-            onset_ms=a.vad_onset_ms,
-            hangover_ms=a.vad_hangover_ms,
-            detector=a.vad_detector,
-            margin_db=a.vad_margin_db,
-            window_ms=a.vad_window_ms,
-            floor_rise_db_s=a.vad_floor_rise_db_per_s,
-        )
+        vad = inbound_vad(self.settings)
         barge = BargeInConfig(
             enabled=a.barge_in,
             min_speech_ms=a.barge_in_min_speech_ms,
@@ -576,14 +583,22 @@ class Runtime:
 
     def _on_sip_event(self, event: ev.SipEvent) -> None:
         match event:
-            case ev.TransportsUp(addresses=addresses, fast_copy=fast, media_port=port):
+            case ev.TransportsUp(
+                addresses=addresses, fast_copy=fast, media_port=port, c_detector=c_detector
+            ):
                 self.sip_ready = True
                 self.metrics.sip_ready.set(1)
                 self.metrics.fast_frame_copy.set(1 if fast else 0)
                 self.metrics.c_media_port.set(1 if port == "c" else 0)
+                self.metrics.c_detector.set(1 if c_detector else 0)
                 log.info(
                     "sip.ready",
-                    extra={"addresses": list(addresses), "fast_copy": fast, "media_port": port},
+                    extra={
+                        "addresses": list(addresses),
+                        "fast_copy": fast,
+                        "media_port": port,
+                        "c_detector": c_detector,
+                    },
                 )
             case ev.TransportsDown(reason=reason):
                 self.sip_ready = False

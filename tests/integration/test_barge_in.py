@@ -27,6 +27,8 @@ def test_speech_over_the_greeting_cuts_it_for_good(
 ) -> None:
     server = server_factory(VOICEGATE_MEDIA_PORT=media_port)
     assert server.metric("voicegate_c_media_port") == (1 if media_port == "c" else 0)
+    # The C port runs the evidence detector on the clock thread too; the Python port in Python.
+    assert server.metric("voicegate_c_detector") == (1 if media_port == "c" else 0)
     capture = Capture(tmp_path / "rtp.pcap", server.rtp_min, server.rtp_max)
     try:
         sipp = Sipp("uac-barge-in.xml", server.sip_target, tmp_path)

@@ -11,10 +11,8 @@ docs/agent-protocol.md gives that cutter; and the handoff's ``heard_last`` says 
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -28,6 +26,7 @@ from session.durable import DurableSession
 from session.state import SessionState
 from session.store.sqlite import SqliteSessionStore
 from session.store.writer import StoreWriter
+from telephony.media_bridge import MediaChannel
 from voicegate.call.acting import SessionSteps
 from voicegate.call.actions import CallActions
 from voicegate.call.call_state import CallPhase, CallState
@@ -72,10 +71,9 @@ class Call:
     def __init__(self, store: SqliteSessionStore, writer: StoreWriter) -> None:
         lease = store.create("c1", owner="w/1", meta={}, at=1.0)
         self.playout = Playout(RATE)
-        channel = SimpleNamespace(playout=self.playout, rate=RATE, inbound=deque())
         self.state = CallState(
             "c1",
-            channel=channel,  # type: ignore[arg-type]
+            channel=MediaChannel(RATE, playout=self.playout),
             session=DurableSession(store, SessionState("c1"), lease),
         )
         self.posted: list[object] = []

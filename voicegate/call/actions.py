@@ -201,7 +201,7 @@ class CallActions:
         # session itself queued (a goodbye) still plays before the BYE.
         self._state.media_released = True
         if self._state.channel is not None:
-            self._state.channel.inbound.clear()
+            self._state.channel.discard_inbound()
 
     def hang_up(self, reason: str, *, after_prompt: bool) -> None:
         self._hangup.send_bye(reason, after_prompt=after_prompt)

@@ -281,7 +281,7 @@ def _drain(channel: MediaChannel) -> None:
     """While the offer plays: feed its audio to the media port; the caller's audio is not for
     any agent (nobody is listening yet)."""
     channel.collect()
-    channel.inbound.clear()
+    channel.discard_inbound()
     channel.playout.poll()
 
 

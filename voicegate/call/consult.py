@@ -140,7 +140,7 @@ class Consultation:
         if channel is None:
             return
         channel.collect()
-        channel.inbound.clear()
+        channel.discard_inbound()
         for event in channel.playout.poll():
             if not isinstance(event, ResponseDrained):
                 continue

@@ -560,7 +560,7 @@ class LiveCall:
             tenant=self.offer.tenant,
         )
         agent = self._state.agent = make_agent(self._agent_factory, context, self.control)
-        self._turns.agent_takes_audio = takes_audio(agent.inner)
+        self._turns.agent_takes_audio = channel.wants_pcm = takes_audio(agent.inner)
         if self.rejoin is not None:
             # Reclaim, don't resend (seed 004): what exists is read back, nothing is re-run.
             await agent.on_rejoined(self.rejoin.heard_last, self.rejoin.results)

@@ -15,8 +15,8 @@ import time
 from dataclasses import dataclass
 
 from audio.barge_in import BargeIn, latency_ms, onset_ns
-from audio.inbound import InboundPipeline
-from audio.vad import SpeechStarted, SpeechStopped
+from audio.inbound import AgentAudio, InboundPipeline
+from audio.vad import SpeechStarted, SpeechStopped, VadEvent
 from session import events as sev
 from telephony.media_bridge import MediaChannel
 from voicegate.call.acting import SessionSteps
@@ -60,6 +60,11 @@ class CallerTurns:
         self._vad_config = vad
         self._barge = BargeIn(barge)
         self._inbound: InboundPipeline | None = None
+        # With the C port's detector: the channel its records count from, the frames counted
+        # before that channel's first, and the agent's frames.
+        self._detected: MediaChannel | None = None
+        self._base = 0
+        self._agent_audio: AgentAudio | None = None
         # Set when the agent starts: whether it wants the caller's audio at all.
         self.agent_takes_audio = False
         self._speech_turn: str | None = None
@@ -74,15 +79,16 @@ class CallerTurns:
         """Caller speech may be starting over a response it could cut: the next frames decide a
         barge-in, so the runtime takes them at ``audio.barge_in_tick_ms``."""
         pipeline, channel = self._inbound, self._state.channel
-        return (
-            pipeline is not None
-            and channel is not None
-            and pipeline.vad.stirring
-            and self._barge.armed(channel.playout.playing)
-        )
+        if channel is None:
+            return False
+        stirring = channel.stirring if channel.detecting else pipeline and pipeline.vad.stirring
+        return bool(stirring) and self._barge.armed(channel.playout.playing)
 
     async def drain_inbound(self, channel: MediaChannel) -> None:
         """Caller audio: VAD and barge-in at the call's rate, then the agent's frames."""
+        if channel.detecting:
+            await self._drain_detected(channel)
+            return
         inbound = channel.inbound
         if not inbound:
             return
@@ -118,6 +124,84 @@ class CallerTurns:
                 await self._judge(now_ts)
             if state.agent is not None and result.frame_for_agent is not None:
                 await state.agent.on_audio(result.frame_for_agent)
+
+    async def _drain_detected(self, channel: MediaChannel) -> None:
+        """:meth:`drain_inbound` when the C port ran the evidence detector on the clock thread:
+        the same steps, taken only on the frames its records name (an event, or the caller
+        speaking) and, for an agent that takes audio, on every frame; between them nothing
+        changes but the clock a pending cut is judged by."""
+        state = self._state
+        channel.wants_pcm = self.agent_takes_audio
+        if channel is not self._detected:
+            self._detected = channel
+            self._base = self._frames_in
+        timing = channel.take_timing()
+        if timing:
+            self._services.metrics.frame_pipeline.add(timing[:-1], timing[-1] / 1e9)
+        records, channel.records = channel.records, []
+        frames = list(channel.inbound)
+        channel.inbound.clear()
+        base = self._base
+        end = base + channel.rx_frames
+        previous = self._frames_in - 1
+        self._frames_in = end
+        if state.media_released or state.agent is None or state.phase is not CallPhase.ANSWERED:
+            return
+        spf = channel.frame_size // 2
+        first_pcm = end - len(frames)
+        i, n = 0, len(records)
+        pcm_at = 0
+        while True:
+            # The next frame to visit: the next record's or the next agent frame's, whichever
+            # comes first.
+            g_rec = base + records[i] if i < n else end
+            g_pcm = first_pcm + pcm_at if pcm_at < len(frames) else end
+            g = min(g_rec, g_pcm)
+            cut = self._cut
+            if cut is not None and previous + 1 < g and g * spf >= cut.deadline:
+                await self._judge(g * spf)
+            if g >= end:
+                return
+            kind = speech_ms = 0
+            event_ts = 0
+            if g == g_rec:
+                kind, event_ts, speech_ms = records[i + 1], records[i + 2], records[i + 3]
+                i += 4
+            pcm = None
+            if g == g_pcm:
+                pcm = frames[pcm_at]
+                pcm_at += 1
+            await self._visit(channel, g * spf, kind, base * spf + event_ts, speech_ms, pcm)
+            previous = g
+
+    async def _visit(
+        self,
+        channel: MediaChannel,
+        timestamp: int,
+        kind: int,
+        event_ts: int,
+        speech_ms: int,
+        pcm: bytes | None,
+    ) -> None:
+        """One caller frame the detector's record (or the agent) needs acting on."""
+        now_ts = timestamp + channel.frame_size // 2
+        event: VadEvent | None = None
+        if kind == 1:
+            event = SpeechStarted(event_ts, channel.rate, now_ts)
+        elif kind == 2:
+            event = SpeechStopped(event_ts, channel.rate, now_ts)
+        decision = self._barge.on_frame(event, speech_ms, channel.playout.playing)
+        if decision is not None and decision.response_id == self._responses.response_id:
+            self._barge_in("speech", decision.onset_timestamp, now_ts)
+        await self._on_vad(event, speech_ms)
+        if self._cut is not None:
+            await self._judge(now_ts)
+        agent = self._state.agent
+        if pcm is not None and agent is not None:
+            audio = self._agent_audio
+            if audio is None or audio.call_rate != channel.rate:
+                audio = self._agent_audio = AgentAudio(channel.rate, self._agent_rate)
+            await agent.on_audio(audio.frame(pcm, timestamp))
 
     def _barge_in(self, reason: str, onset: int, detected_at: int) -> None:
         channel = self._state.channel

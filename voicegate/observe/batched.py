@@ -43,6 +43,16 @@ class BatchedHistogram:
         self._counts[bisect_left(self._bounds, amount)] += 1
         self._sum += amount
 
+    def add(self, counts: list[int], total: float) -> None:
+        """Observations counted elsewhere (the C media port's detector): ``counts`` per bucket,
+        in the histogram's order with +Inf last, and ``total`` the sum of their amounts."""
+        mine = self._counts
+        if len(counts) != len(mine):
+            raise ValueError(f"{len(counts)} bucket counts for a histogram of {len(mine)}")
+        for i, count in enumerate(counts):
+            mine[i] += count
+        self._sum += total
+
     def flush(self) -> None:
         """Add what was observed since the last flush to the histogram."""
         if not any(self._counts):

@@ -20,6 +20,7 @@ from prometheus_client import (
 
 from agents.base import AGENT_CALLS, RESPONSE_ENDINGS
 from agents.remote.protocol import ERROR_CODES
+from audio.inbound import PIPELINE_BUCKETS_S
 from session.resume import ResumeResult
 from session.vocabulary import (
     RECOVERABLE,
@@ -144,6 +145,13 @@ class Metrics:
             "voicegate_c_media_port",
             "1 if calls get the C media port (no Python on the media clock thread), 0 for "
             "pjsua2's Python port",
+            registry=r,
+            multiprocess_mode="livemin",
+        )
+        self.c_detector = Gauge(
+            "voicegate_c_detector",
+            "1 if the C media port runs the caller's voice activity detector on the media clock "
+            "thread, 0 if Python runs it",
             registry=r,
             multiprocess_mode="livemin",
         )
@@ -313,8 +321,9 @@ class Metrics:
         self.frame_pipeline = BatchedHistogram(
             Histogram(
                 "voicegate_frame_pipeline_seconds",
-                "CPU time of the inbound pipeline (VAD, resampling) per 20 ms caller frame",
-                buckets=(5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 5e-3),
+                "Time of the inbound pipeline per 20 ms caller frame: voice activity (in the C "
+                "media port's detector, or in Python with resampling for the agent)",
+                buckets=PIPELINE_BUCKETS_S,
                 registry=r,
             )
         )
