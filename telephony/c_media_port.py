@@ -160,6 +160,8 @@ class CPortLibrary:
         vg.vg_port_detect.argtypes = (
             _ptr, _u64, ctypes.POINTER(_EvConfig), ctypes.POINTER(_u64), _u32
         )
+        vg.vg_port_marks.restype = ctypes.c_int
+        vg.vg_port_marks.argtypes = (_ptr, _u64, ctypes.POINTER(ctypes.c_int64), _u32)
         vg.vg_port_drain.restype = ctypes.c_int
         vg.vg_port_drain.argtypes = (
             _ptr, _u64, ctypes.c_char_p, _u32, ctypes.c_void_p, _u32, ctypes.POINTER(_u32),
@@ -333,6 +335,13 @@ class CRing:
             self.detecting = True
             self._recs = (ctypes.c_int64 * (REC_CAP * REC_FIELDS))()
         return self.detecting
+
+    def mark(self, speech_ms: tuple[int, ...]) -> None:
+        """Record a speaking frame only where the segment's ``speech_ms`` reaches one of these
+        (at most four) from then on, instead of every speaking frame."""
+        marks = (ctypes.c_int64 * len(speech_ms))(*speech_ms)
+        if self._vg.vg_port_marks(self._port, self._epoch, marks, len(speech_ms)) == -2:
+            raise ValueError(f"at most 4 marks, got {len(speech_ms)}")
 
     def drain(self, pcm: bool) -> tuple[list[bytes], list[int], list[int]]:
         """With the detector: every caller frame waiting leaves the port. Returns the frames

@@ -111,6 +111,12 @@ class MediaChannel:
             self.rx_frames = ring.rx_frames
             self.rx_overflow = ring.rx_overflow
 
+    def record_speech_at(self, speech_ms: tuple[int, ...]) -> None:
+        """With the detector: of the frames while the caller speaks, bring records only of
+        those on which the segment's ``speech_ms`` reaches one of these."""
+        if self.ring is not None and self.detecting:
+            self.ring.mark(speech_ms)
+
     def take_timing(self) -> list[int]:
         """The detector's frame times since the last call (bucket counts, then their sum in
         ns; empty if none)."""

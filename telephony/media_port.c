@@ -103,9 +103,11 @@ typedef struct {
     uint32_t stirring;     /* its EvidenceVad.stirring after the last frame */
 } vg_status;
 
-/* A caller frame the detector made worth Python's attention (an event, or the caller speaking):
- * its index in this epoch, ev_result's kind, timestamp and speech_ms. */
-enum { REC_FIELDS = 4, REC_CAP = 512, MAX_BOUNDS = 15 };
+/* A caller frame the detector made worth Python's attention: its index in this epoch, ev_result's
+ * kind, timestamp and speech_ms. That is a frame with an event, and while the caller speaks,
+ * every frame, or once marks are set only the frames on which speech_ms reaches one of them
+ * (what barge-in and caller turns wait for: nothing else changes on the frames in between). */
+enum { REC_FIELDS = 4, REC_CAP = 512, MAX_BOUNDS = 15, MAX_MARKS = 4 };
 
 typedef struct {
     pjm_port base; /* first: PJSIP's pointer to the port is a pointer to this */
@@ -125,6 +127,9 @@ typedef struct {
     ev_state *det;
     int64_t *recs;
     uint32_t rec_head, rec_len;
+    uint32_t n_marks;
+    int64_t marks[MAX_MARKS];
+    int64_t last_speech_ms;
     /* Its time per frame, as voicegate_frame_pipeline_seconds buckets it (bounds in ns). */
     uint32_t n_bounds;
     uint64_t bounds_ns[MAX_BOUNDS];
@@ -179,7 +184,11 @@ static void detect(vg_port *p, const int16_t *pcm) {
         bucket++;
     p->timing[bucket]++;
     p->timing_ns += spent;
-    if (r.kind == EV_NONE && r.speech_ms == 0)
+    int keep = r.kind != EV_NONE || (r.speech_ms && !p->n_marks);
+    for (uint32_t i = 0; i < p->n_marks && !keep; i++)
+        keep = p->last_speech_ms < p->marks[i] && r.speech_ms >= p->marks[i];
+    p->last_speech_ms = r.speech_ms;
+    if (!keep)
         return;
     uint32_t slot;
     if (p->rec_len == REC_CAP) {
@@ -283,10 +292,26 @@ uint64_t vg_port_attach(void *port) {
     p->sounding = p->more_due = 0;
     memset(&p->st, 0, sizeof(p->st));
     p->rec_head = p->rec_len = 0;
+    p->n_marks = 0;
+    p->last_speech_ms = 0;
     memset(p->timing, 0, sizeof(p->timing));
     p->timing_ns = 0;
     pthread_mutex_unlock(&p->lock);
     return epoch;
+}
+
+/* Record speaking frames only where speech_ms reaches one of marks (at most MAX_MARKS; none:
+ * every speaking frame again). 0, -1 for a stale epoch, -2 for too many. */
+int vg_port_marks(void *port, uint64_t epoch, const int64_t *marks, uint32_t n) {
+    vg_port *p = port;
+    if (n > MAX_MARKS)
+        return -2;
+    if (!lock_epoch(p, epoch))
+        return -1;
+    memcpy(p->marks, marks, n * sizeof(int64_t));
+    p->n_marks = n;
+    pthread_mutex_unlock(&p->lock);
+    return 0;
 }
 
 /* Give the detector webrtcvad's C functions (from the webrtcvad wheel's library): 0, or -1. */

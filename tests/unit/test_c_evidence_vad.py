@@ -165,3 +165,33 @@ def test_the_caller_frames_come_along_only_when_asked_and_time_is_counted() -> N
     LIB.vg.vg_port_tick(port, sink, line[480:640].tobytes())
     frames, _, timing = ring.drain(pcm=False)
     assert frames == [] and sum(timing[:-1]) == 1 and ring.rx_frames == 4
+
+
+@settings(max_examples=100, deadline=None)
+@given(line=lines(), marks=st.lists(st.sampled_from([0, 20, 60, 120, 400]), max_size=4))
+def test_with_marks_a_speaking_frame_is_recorded_only_where_speech_reaches_one(
+    line: NDArray[np.int16], marks: list[int]
+) -> None:
+    # What voicegate/call/turns.py relies on to skip the frames between: every event, and each
+    # frame whose speech_ms first reaches a mark within its segment (every speaking frame when
+    # there are no marks).
+    config = VadConfig()
+    expected = []
+    last = 0
+    for index, (kind, timestamp, _, speech_ms, _) in enumerate(
+        python_verdicts(line, 8000, config)
+    ):
+        crossed = any(last < mark <= speech_ms for mark in marks) if marks else speech_ms > 0
+        if kind or crossed:
+            expected.append([index, kind, timestamp, speech_ms])
+        last = speech_ms
+    port, ring = c_ring(8000, config)
+    if marks:
+        ring.mark(tuple(marks))
+    sink = ctypes.create_string_buffer(320)
+    got = []
+    for at in range(0, len(line) - 159, 160):
+        LIB.vg.vg_port_tick(port, sink, line[at : at + 160].tobytes())
+        _, records, _ = ring.drain(pcm=False)
+        got.extend(records[i : i + 4] for i in range(0, len(records), 4))
+    assert got == expected

@@ -127,14 +127,19 @@ class CallerTurns:
 
     async def _drain_detected(self, channel: MediaChannel) -> None:
         """:meth:`drain_inbound` when the C port ran the evidence detector on the clock thread:
-        the same steps, taken only on the frames its records name (an event, or the caller
-        speaking) and, for an agent that takes audio, on every frame; between them nothing
-        changes but the clock a pending cut is judged by."""
+        the same steps, taken only on the frames its records name (a speech start or stop, and
+        where the segment's speech reaches the barge-in or turn threshold) and, for an agent
+        that takes audio, on every frame. On the frames between, the per-frame steps would
+        change nothing but the clock a pending cut is judged by, and that is judged here."""
         state = self._state
         channel.wants_pcm = self.agent_takes_audio
         if channel is not self._detected:
             self._detected = channel
             self._base = self._frames_in
+            # Within a segment barge-in and caller turns act only where its speech reaches
+            # their thresholds (BargeIn.on_frame, _on_vad): the frames in between change nothing.
+            barge = self._barge.config
+            channel.record_speech_at((barge.min_speech_ms, barge.turn_min_speech_ms))
         timing = channel.take_timing()
         if timing:
             self._services.metrics.frame_pipeline.add(timing[:-1], timing[-1] / 1e9)
