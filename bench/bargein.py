@@ -71,7 +71,13 @@ from config.settings import AudioSettings, MediaSettings  # noqa: E402
 from tests.fixtures.noise import NOISES, RATE, encode_alaw, write_rtp_pcap  # noqa: E402
 from tests.fixtures.noisy_caller import Case, build  # noqa: E402
 from tests.fixtures.speech import decode_alaw  # noqa: E402
-from tests.integration.harness import LOOPBACK, Server, free_port, wait_for  # noqa: E402
+from tests.integration.harness import (  # noqa: E402
+    LOOPBACK,
+    Server,
+    free_port,
+    rtp_range,
+    wait_for,
+)
 from tests.integration.rtp_capture import Capture, RtpPacket  # noqa: E402
 
 LOUD = 300.0  # RMS of an A-law frame of prompt audio (silence decodes to +-8)
@@ -153,7 +159,9 @@ def run_batch(server: Server, batch: list[Case], work: Path) -> list[RtpPacket]:
             scenario = work / f"{slug}.xml"
             pause_ms = round(len(case.audio) / RATE * 1000) + 500
             scenario.write_text(SCENARIO.format(pcap=pcap, pause_ms=pause_ms))
-            case.media_port = free_port(udp_and_tcp=False)
+            # SIPp binds this port and the next three (audio, video): a block of the harness's
+            # RTP ports, as its Sipp takes; consecutive free_port() picks overlapped.
+            case.media_port = rtp_range(4)[0]
             case.service = f"bench{len(callers)}"
             args = [
                 "sipp", "-sf", str(scenario), server.sip_target, "-m", "1", "-i", LOOPBACK,
