@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib.machinery
+import logging
 import time
 from pathlib import Path
 from typing import Any, Protocol
@@ -34,6 +35,8 @@ import pjsua2 as pj
 from audio.inbound import PIPELINE_BUCKETS_S
 from audio.playout import RingStatus
 from audio.vad import VadConfig
+
+log = logging.getLogger("voicegate.sip")
 
 PJSIP_RELEASE = "2.15.1"
 # Outbound frames a port holds: more than the longest asyncio tick (60 ms) plus its lateness
@@ -135,7 +138,8 @@ class CPortLibrary:
 
     def __init__(self, port_library: Path, pjsua_library: str) -> None:
         # PyDLL keeps the GIL across each call: they are short copies under the port's own lock,
-        # which the clock thread only ever holds for a copy, so nothing here waits on Python.
+        # which the clock thread only ever holds for a copy and one frame of the detector (a
+        # few microseconds), so nothing here waits on Python.
         vg = ctypes.PyDLL(str(port_library))
         vg.vg_port_new.restype = _ptr
         vg.vg_port_new.argtypes = (ctypes.c_char_p, _ptr, _u32, _u32, _u32, _u32)
@@ -260,6 +264,7 @@ class CRing:
 
     __slots__ = (
         "_buf",
+        "_config",
         "_epoch",
         "_n_recs",
         "_port",
@@ -289,6 +294,7 @@ class CRing:
         self.stirring = False
         self.rec_overflow = 0
         self._recs: ctypes.Array[ctypes.c_int64] | None = None
+        self._config: _EvConfig | None = None
         self._n_recs = _u32()
         self._timing = (_u64 * (len(PIPELINE_BUCKETS_S) + 2))()
 
@@ -333,8 +339,17 @@ class CRing:
         )
         if status == 0:
             self.detecting = True
-            self._recs = (ctypes.c_int64 * (REC_CAP * REC_FIELDS))()
+            self._config = c_config
+            if self._recs is None:
+                self._recs = (ctypes.c_int64 * (REC_CAP * REC_FIELDS))()
         return self.detecting
+
+    def restart(self) -> None:
+        """The detector afresh (its noise floor, warm-up and segment), its records dropped."""
+        if self._config is not None:
+            self._vg.vg_port_detect(
+                self._port, self._epoch, ctypes.byref(self._config), _BOUNDS_NS, len(_BOUNDS_NS)
+            )
 
     def mark(self, speech_ms: tuple[int, ...]) -> None:
         """Record a speaking frame only where the segment's ``speech_ms`` reaches one of these
@@ -414,8 +429,8 @@ class CMediaPort:
         """Serve ``channel`` from the next tick on."""
         self.channel = channel
         ring = self.new_ring()
-        if self.vad is not None:
-            ring.detect(self.vad)
+        if self.vad is not None and not ring.detect(self.vad):
+            log.warning("media.c_detector_refused", extra={"port": self.name})
         channel.use_ring(ring)
 
     def connect(self, audio: Any) -> None:

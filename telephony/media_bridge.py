@@ -54,6 +54,7 @@ class MediaChannel:
         "inbound",
         "playout",
         "rate",
+        "rec_overflow",
         "records",
         "ring",
         "rx_frames",
@@ -75,6 +76,7 @@ class MediaChannel:
         self.ring: CRing | None = None
         self.detecting = False
         self.records: list[int] = []
+        self.rec_overflow = 0
         self.stirring = False
         self.wants_pcm = False
         self._timing: list[int] = []
@@ -104,6 +106,7 @@ class MediaChannel:
             self.rx_frames = ring.rx_frames
             self.rx_overflow = ring.rx_overflow
             self.stirring = ring.stirring
+            self.rec_overflow = ring.rec_overflow
             return
         frames = ring.take()
         if frames:
@@ -124,9 +127,13 @@ class MediaChannel:
         return timing
 
     def discard_inbound(self) -> None:
-        """Drop the caller's audio collected so far, and the detector's records of it."""
+        """Drop the caller's audio collected so far, and the detector's records of it; the
+        detector starts afresh, so whoever acts on this channel's audio next (a callback
+        offer's call when the offer ends) starts from a new detector, as with Python's."""
         self.inbound.clear()
         self.records.clear()
+        if self.detecting and self.ring is not None:
+            self.ring.restart()
 
     def push_inbound(self, data: bytes) -> None:
         inbound = self.inbound

@@ -343,6 +343,7 @@ int vg_port_detect(void *port, uint64_t epoch, const ev_config *cfg, const uint6
     } else {
         p->st.detecting = 1;
         p->rec_head = p->rec_len = 0;
+        p->last_speech_ms = 0;
         p->n_bounds = n_bounds;
         memcpy(p->bounds_ns, bounds_ns, n_bounds * sizeof(uint64_t));
         memset(p->timing, 0, sizeof(p->timing));

@@ -178,9 +178,7 @@ def test_with_marks_a_speaking_frame_is_recorded_only_where_speech_reaches_one(
     config = VadConfig()
     expected = []
     last = 0
-    for index, (kind, timestamp, _, speech_ms, _) in enumerate(
-        python_verdicts(line, 8000, config)
-    ):
+    for index, (kind, timestamp, _, speech_ms, _) in enumerate(python_verdicts(line, 8000, config)):
         crossed = any(last < mark <= speech_ms for mark in marks) if marks else speech_ms > 0
         if kind or crossed:
             expected.append([index, kind, timestamp, speech_ms])

@@ -65,6 +65,7 @@ class CallerTurns:
         self._detected: MediaChannel | None = None
         self._base = 0
         self._agent_audio: AgentAudio | None = None
+        self._rec_overflow = 0
         # Set when the agent starts: whether it wants the caller's audio at all.
         self.agent_takes_audio = False
         self._speech_turn: str | None = None
@@ -134,12 +135,26 @@ class CallerTurns:
         state = self._state
         channel.wants_pcm = self.agent_takes_audio
         if channel is not self._detected:
+            if self._detected is not None and (self._in_segment or self._speech_turn):
+                # The caller's media moved to a new port, whose detector starts afresh: the
+                # segment under way on the old one ends here (its stop would never come).
+                at = self._frames_in * (channel.frame_size // 2)
+                stop = SpeechStopped(at, channel.rate, at)
+                self._barge.on_frame(stop, 0, channel.playout.playing)
+                await self._on_vad(stop, 0)
             self._detected = channel
             self._base = self._frames_in
             # Within a segment barge-in and caller turns act only where its speech reaches
             # their thresholds (BargeIn.on_frame, _on_vad): the frames in between change nothing.
             barge = self._barge.config
             channel.record_speech_at((barge.min_speech_ms, barge.turn_min_speech_ms))
+        if channel.rec_overflow != self._rec_overflow:
+            self._rec_overflow = channel.rec_overflow
+            # asyncio fell more than 512 records behind: some speech starts or stops are lost.
+            log.warning(
+                "call.detector_records_lost",
+                extra={"call_id": state.call_id, "lost": channel.rec_overflow},
+            )
         timing = channel.take_timing()
         if timing:
             self._services.metrics.frame_pipeline.add(timing[:-1], timing[-1] / 1e9)
@@ -163,8 +178,10 @@ class CallerTurns:
             g_pcm = first_pcm + pcm_at if pcm_at < len(frames) else end
             g = min(g_rec, g_pcm)
             cut = self._cut
-            if cut is not None and previous + 1 < g and g * spf >= cut.deadline:
-                await self._judge(g * spf)
+            if cut is not None and previous + 1 < g and (cut.committed or g * spf >= cut.deadline):
+                # Settled on the first frame between records, as the per-frame loop did (a
+                # key press commits a cut between frames), or when its window ends there.
+                await self._judge((previous + 2) * spf if cut.committed else g * spf)
             if g >= end:
                 return
             kind = speech_ms = 0
