@@ -66,7 +66,7 @@ sys.path.insert(0, str(ROOT))
 
 from audio.evidence_vad import EvidenceVad  # noqa: E402
 from audio.resample import resample  # noqa: E402
-from audio.vad import SpeechStarted, VadConfig  # noqa: E402
+from audio.vad import SpeechStarted  # noqa: E402
 from config.settings import AudioSettings, MediaSettings  # noqa: E402
 from tests.fixtures.noise import NOISES, RATE, encode_alaw, write_rtp_pcap  # noqa: E402
 from tests.fixtures.noisy_caller import Case, build  # noqa: E402
@@ -79,6 +79,7 @@ from tests.integration.harness import (  # noqa: E402
     wait_for,
 )
 from tests.integration.rtp_capture import Capture, RtpPacket  # noqa: E402
+from voicegate.runtime import inbound_vad  # noqa: E402
 
 LOUD = 300.0  # RMS of an A-law frame of prompt audio (silence decodes to +-8)
 
@@ -220,14 +221,7 @@ def detector_delays(case: Case) -> list[float | None]:
     segment held ``barge_in_min_speech_ms`` of evidence (the detector's defaults, at the bridge's
     16 kHz after A-law); None if it never did."""
     audio = AudioSettings()
-    config = VadConfig(
-        aggressiveness=audio.vad_aggressiveness,
-        onset_ms=audio.vad_onset_ms,
-        hangover_ms=audio.vad_hangover_ms,
-        margin_db=audio.vad_margin_db,
-        window_ms=audio.vad_window_ms,
-        floor_rise_db_s=audio.vad_floor_rise_db_per_s,
-    )
+    config = inbound_vad(audio)
     rate = MediaSettings().clock_rate
     pcm = resample(decode_alaw(encode_alaw(case.audio)), RATE, rate)
     vad, step = EvidenceVad(rate, config), rate // 50

@@ -30,7 +30,7 @@ from audio.barge_in import BargeInConfig
 from audio.prompts import PromptLibrary, default_prompts_dir
 from audio.vad import VadConfig
 from config import Settings
-from config.settings import OutboundSettings, TransferSettings
+from config.settings import AudioSettings, OutboundSettings, TransferSettings
 from config.tenant_loader import tenants_of
 from config.tenants import DEFAULT_TENANT
 from config.tools import ToolSettings
@@ -79,9 +79,8 @@ METRICS_FLUSH_S = 1.0
 PROMPT_RATES = (8000, 16000)
 
 
-def inbound_vad(settings: Settings) -> VadConfig:
+def inbound_vad(a: AudioSettings) -> VadConfig:
     """The caller's voice activity detector, as ``[audio]`` sets it."""
-    a = settings.audio
     return VadConfig(
         aggressiveness=a.vad_aggressiveness,
         frame_ms=a.vad_frame_ms,
@@ -122,7 +121,7 @@ def endpoint_config(settings: Settings) -> EndpointConfig:
         strict_source=media.strict_source_on,
         fast_copy=media.fast_frame_copy,
         media_port=media.port,
-        inbound_vad=inbound_vad(settings),
+        inbound_vad=inbound_vad(settings.audio),
         gap_threshold_s=media.gap_threshold_s,
         session_expires_s=sip.session_expires_s,
         ack_timeout_s=sip.ack_timeout_s,
@@ -301,7 +300,7 @@ class Runtime:
 
     def audio_settings(self) -> tuple[int, VadConfig, BargeInConfig]:
         a = self.settings.audio
-        vad = inbound_vad(self.settings)
+        vad = inbound_vad(a)
         barge = BargeInConfig(
             enabled=a.barge_in,
             min_speech_ms=a.barge_in_min_speech_ms,

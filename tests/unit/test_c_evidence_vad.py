@@ -85,19 +85,31 @@ def configs() -> st.SearchStrategy[VadConfig]:
 
 
 @st.composite
-def lines(draw: st.DrawFn) -> NDArray[np.int16]:
-    """A caller's line: pieces of the clips at various levels, with digital silence between."""
+def spliced(
+    draw: st.DrawFn,
+    clips: dict[str, NDArray[np.int16]],
+    most: int,
+    gains: tuple[float, ...],
+    longest_gap: int,
+) -> NDArray[np.int16]:
+    """A caller's line: up to ``most`` pieces of ``clips`` at one of ``gains`` each, some with
+    digital silence after them (up to ``longest_gap`` samples)."""
     pieces = []
-    for _ in range(draw(st.integers(1, 4))):
-        samples = CLIPS[draw(st.sampled_from(sorted(CLIPS)))]
+    for _ in range(draw(st.integers(1, most))):
+        samples = clips[draw(st.sampled_from(sorted(clips)))]
         start = draw(st.integers(0, len(samples) - 800))
         length = draw(st.integers(800, len(samples) - start))
-        gain = draw(st.sampled_from([0.05, 0.3, 1.0, 2.5]))
+        gain = draw(st.sampled_from(gains))
         piece = np.clip(samples[start : start + length] * gain, -32768, 32767)
         pieces.append(piece.astype(np.int16))
         if draw(st.booleans()):
-            pieces.append(np.zeros(draw(st.integers(1, 2000)), dtype=np.int16))
+            pieces.append(np.zeros(draw(st.integers(1, longest_gap)), dtype=np.int16))
     return np.concatenate(pieces)
+
+
+def lines() -> st.SearchStrategy[NDArray[np.int16]]:
+    """Every clip, quiet to loud, with short gaps."""
+    return spliced(CLIPS, 4, (0.05, 0.3, 1.0, 2.5), 2000)
 
 
 @settings(max_examples=300, deadline=None)

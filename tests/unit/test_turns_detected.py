@@ -31,6 +31,7 @@ from session.store.sqlite import SqliteSessionStore
 from session.store.writer import StoreWriter
 from telephony.c_media_port import CPortLibrary, CRing
 from tests.unit.test_audio_evidence_vad import INDEX, clip
+from tests.unit.test_c_evidence_vad import spliced
 from tests.unit.test_cut_recorded import RATE, Call
 from voicegate.call.turns import CallerTurns
 
@@ -135,20 +136,11 @@ async def run(
             store.close()
 
 
-@st.composite
-def lines(draw: st.DrawFn) -> NDArray[np.int16]:
-    """Speech over noise, whole or in pieces (a cough's worth up to a sentence), with gaps."""
-    pieces = []
-    for _ in range(draw(st.integers(1, 3))):
-        samples = SPEECH[draw(st.sampled_from(sorted(SPEECH)))]
-        start = draw(st.integers(0, len(samples) - 1600))
-        length = draw(st.integers(800, len(samples) - start))
-        pieces.append(samples[start : start + length])
-        if draw(st.booleans()):
-            pieces.append(np.zeros(draw(st.integers(160, 24000)), dtype=np.int16))
-    # The rest of a false barge-in's window, for its judgement.
-    pieces.append(SPEECH[sorted(SPEECH)[0]][:8000] * 0)
-    return np.concatenate(pieces).astype(np.int16)
+def lines() -> st.SearchStrategy[NDArray[np.int16]]:
+    """Speech over noise, whole or in pieces (a cough's worth up to a sentence), with gaps up to
+    3 s, then a second of silence: the rest of a false barge-in's window, for its judgement."""
+    quiet = np.zeros(8000, dtype=np.int16)
+    return spliced(SPEECH, 3, (1.0,), 24000).map(lambda line: np.concatenate([line, quiet]))
 
 
 @settings(max_examples=80, deadline=None)
