@@ -13,6 +13,12 @@
  * empties the outbound ring under the lock and returns that tag: nothing queued before it plays
  * after it, which is the playback-generation guarantee for barge-in, disconnect and transfer.
  *
+ * The caller's frames can also go through the evidence detector (evidence_vad.c) on the clock
+ * thread. It runs under a lock of its own, taken before the port's: the asyncio side calls in
+ * through ctypes.PyDLL and so holds the GIL while it waits for the port's lock, and that lock only
+ * ever guards copies. A clock thread preempted in the middle of a frame of detection then stalls
+ * no Python thread. Lock order: det_lock, then lock.
+ *
  * The port is reused call after call and never freed: attach() starts a new epoch, and every call
  * made with an older epoch (a call that ended, seen late by asyncio) is refused with -1.
  *
@@ -112,6 +118,9 @@ enum { REC_FIELDS = 4, REC_CAP = 512, MAX_BOUNDS = 15, MAX_MARKS = 4 };
 typedef struct {
     pjm_port base; /* first: PJSIP's pointer to the port is a pointer to this */
     pthread_mutex_t lock;
+    /* Guards det, n_marks, marks, last_speech_ms and st.detecting's changes; rx_frames changes
+     * under both locks. */
+    pthread_mutex_t det_lock;
     char name[48];
     uint32_t frame_bytes;
     uint64_t epoch;
@@ -172,22 +181,29 @@ static int vg_get_frame(pjm_port *base, pjm_frame *frame) {
     return 0;
 }
 
-/* Clock thread, port locked: the frame at in_buf's new slot through the detector; what it makes
- * of the frame becomes a record when Python has something to do with it. */
-static void detect(vg_port *p, const int16_t *pcm) {
-    ev_result r;
+/* Clock thread, det_lock held (not the port's lock): the caller's frame pcm through the detector
+ * into *r; how long it took into *spent. 1 when Python has something to do with the frame (it
+ * becomes a record), else 0. */
+static int detect(vg_port *p, const int16_t *pcm, ev_result *r, uint64_t *spent) {
     uint64_t started = monotonic_ns();
-    ev_process(p->det, pcm, (int64_t)p->st.rx_frames * p->det->length, &r);
-    uint64_t spent = monotonic_ns() - started;
+    ev_process(p->det, pcm, (int64_t)p->st.rx_frames * p->det->length, r);
+    *spent = monotonic_ns() - started;
+    int keep = r->kind != EV_NONE || (r->speech_ms && !p->n_marks);
+    for (uint32_t i = 0; i < p->n_marks && !keep; i++)
+        keep = p->last_speech_ms < p->marks[i] && r->speech_ms >= p->marks[i];
+    p->last_speech_ms = r->speech_ms;
+    return keep;
+}
+
+/* Clock thread, both locks held: what detect() made of the frame, into the timing buckets, the
+ * status and (keep) the records. */
+static void note_detection(vg_port *p, const ev_result *r, uint64_t spent, int keep) {
     uint32_t bucket = 0;
     while (bucket < p->n_bounds && spent > p->bounds_ns[bucket])
         bucket++;
     p->timing[bucket]++;
     p->timing_ns += spent;
-    int keep = r.kind != EV_NONE || (r.speech_ms && !p->n_marks);
-    for (uint32_t i = 0; i < p->n_marks && !keep; i++)
-        keep = p->last_speech_ms < p->marks[i] && r.speech_ms >= p->marks[i];
-    p->last_speech_ms = r.speech_ms;
+    p->st.stirring = (uint32_t)ev_stirring(p->det);
     if (!keep)
         return;
     uint32_t slot;
@@ -201,9 +217,9 @@ static void detect(vg_port *p, const int16_t *pcm) {
     }
     int64_t *rec = p->recs + (size_t)slot * REC_FIELDS;
     rec[0] = (int64_t)p->st.rx_frames;
-    rec[1] = r.kind;
-    rec[2] = r.timestamp;
-    rec[3] = r.speech_ms;
+    rec[1] = r->kind;
+    rec[2] = r->timestamp;
+    rec[3] = r->speech_ms;
 }
 
 /* Clock thread: one frame of the caller. The bridge also sends an empty frame every tick to a
@@ -212,6 +228,12 @@ static int vg_put_frame(pjm_port *base, pjm_frame *frame) {
     vg_port *p = (vg_port *)base;
     if (frame->type != PJM_FRAME_AUDIO || frame->size != p->frame_bytes)
         return 0;
+    pthread_mutex_lock(&p->det_lock);
+    ev_result r;
+    uint64_t spent = 0;
+    int detecting = p->st.detecting, keep = 0;
+    if (detecting)
+        keep = detect(p, (const int16_t *)frame->buf, &r, &spent);
     pthread_mutex_lock(&p->lock);
     uint32_t slot;
     if (p->in_len == p->in_cap) {
@@ -225,16 +247,19 @@ static int vg_put_frame(pjm_port *base, pjm_frame *frame) {
     }
     uint8_t *pcm = p->in_buf + (size_t)slot * p->frame_bytes;
     memcpy(pcm, frame->buf, p->frame_bytes);
-    if (p->st.detecting)
-        detect(p, (const int16_t *)pcm);
+    if (detecting)
+        note_detection(p, &r, spent, keep);
     p->st.rx_frames++;
     pthread_mutex_unlock(&p->lock);
+    pthread_mutex_unlock(&p->det_lock);
     return 0;
 }
 
 /* --- the asyncio side's API ------------------------------------------------------------------ */
 
 static int lock_epoch(vg_port *p, uint64_t epoch);
+static int lock_det_epoch(vg_port *p, uint64_t epoch);
+static void unlock_det(vg_port *p);
 
 /* A new port of frame_bytes-byte frames holding out_cap outbound and in_cap caller frames, with
  * its pjmedia info filled by PJSIP's own pjmedia_port_info_init. NULL on bad arguments or when
@@ -249,7 +274,8 @@ void *vg_port_new(const char *name, void *info_init, uint32_t clock_rate, uint32
     p->out_buf = calloc(out_cap, frame_bytes);
     p->out_tags = calloc(out_cap, sizeof(uint64_t));
     p->in_buf = calloc(in_cap, frame_bytes);
-    if (!p->out_buf || !p->out_tags || !p->in_buf || pthread_mutex_init(&p->lock, NULL)) {
+    if (!p->out_buf || !p->out_tags || !p->in_buf || pthread_mutex_init(&p->lock, NULL) ||
+        pthread_mutex_init(&p->det_lock, NULL)) {
         free(p->out_buf);
         free(p->out_tags);
         free(p->in_buf);
@@ -286,6 +312,7 @@ int vg_port_layout_ok(void *port, uint32_t clock_rate) {
  * new epoch every later call must give. */
 uint64_t vg_port_attach(void *port) {
     vg_port *p = port;
+    pthread_mutex_lock(&p->det_lock);
     pthread_mutex_lock(&p->lock);
     uint64_t epoch = ++p->epoch;
     p->out_head = p->out_len = p->in_head = p->in_len = 0;
@@ -297,6 +324,7 @@ uint64_t vg_port_attach(void *port) {
     memset(p->timing, 0, sizeof(p->timing));
     p->timing_ns = 0;
     pthread_mutex_unlock(&p->lock);
+    pthread_mutex_unlock(&p->det_lock);
     return epoch;
 }
 
@@ -306,11 +334,11 @@ int vg_port_marks(void *port, uint64_t epoch, const int64_t *marks, uint32_t n) 
     vg_port *p = port;
     if (n > MAX_MARKS)
         return -2;
-    if (!lock_epoch(p, epoch))
+    if (!lock_det_epoch(p, epoch))
         return -1;
     memcpy(p->marks, marks, n * sizeof(int64_t));
     p->n_marks = n;
-    pthread_mutex_unlock(&p->lock);
+    unlock_det(p);
     return 0;
 }
 
@@ -329,7 +357,7 @@ int vg_port_detect(void *port, uint64_t epoch, const ev_config *cfg, const uint6
     vg_port *p = port;
     if (n_bounds > MAX_BOUNDS)
         return -2;
-    if (!lock_epoch(p, epoch))
+    if (!lock_det_epoch(p, epoch))
         return -1;
     int status = 0;
     if (!p->det)
@@ -342,6 +370,7 @@ int vg_port_detect(void *port, uint64_t epoch, const ev_config *cfg, const uint6
         status = -2;
     } else {
         p->st.detecting = 1;
+        p->st.stirring = 0;
         p->rec_head = p->rec_len = 0;
         p->last_speech_ms = 0;
         p->n_bounds = n_bounds;
@@ -349,7 +378,7 @@ int vg_port_detect(void *port, uint64_t epoch, const ev_config *cfg, const uint6
         memset(p->timing, 0, sizeof(p->timing));
         p->timing_ns = 0;
     }
-    pthread_mutex_unlock(&p->lock);
+    unlock_det(p);
     return status;
 }
 
@@ -358,7 +387,6 @@ static void fill_status(vg_port *p, vg_status *out) {
         *out = p->st;
         out->out_queued = p->out_len;
         out->in_queued = p->in_len;
-        out->stirring = p->st.detecting && ev_stirring(p->det);
     }
 }
 
@@ -370,6 +398,20 @@ static int lock_epoch(vg_port *p, uint64_t epoch) {
         return 1;
     pthread_mutex_unlock(&p->lock);
     return 0;
+}
+
+/* lock_epoch, with the detector's lock taken first: for the calls that change the detector. */
+static int lock_det_epoch(vg_port *p, uint64_t epoch) {
+    pthread_mutex_lock(&p->det_lock);
+    if (lock_epoch(p, epoch))
+        return 1;
+    pthread_mutex_unlock(&p->det_lock);
+    return 0;
+}
+
+static void unlock_det(vg_port *p) {
+    pthread_mutex_unlock(&p->lock);
+    pthread_mutex_unlock(&p->det_lock);
 }
 
 /* Queue up to n frames (n * frame_bytes bytes at pcm) tagged first_tag, first_tag + 1, ...; say
