@@ -729,15 +729,18 @@ def place_calls(pool: Target, calls: int, work: Path, hold_s: float, name: str) 
     and the caller measures what it holds. Each caller hangs up by itself about ``hold_s`` after
     the ramp; :meth:`Sipp.wait` for them, or kill them once the pool stopped."""
     ramp_s = calls / 20 + 5
+    wait_s = ramp_s + 20
     # Callers hang up by themselves once the hold is over: a killed SIPp would leave the
-    # workers' BYEs retransmitting (and call slots held) for 32 s.
-    scenario = write_scenario(work, ramp_s + hold_s + 4)
+    # workers' BYEs retransmitting (and call slots held) for 32 s. They stay past the longest
+    # wait below: a pool that never holds them all (a saturated machine, one call refused) must
+    # still be measured while the others talk, not while they hang up.
+    scenario = write_scenario(work, wait_s + 2 + hold_s + 4)
     callers = Sipp(
         str(scenario), pool.sip_target, work / name, calls=calls, rate=20,
         limit=calls, timeout_s=int(ramp_s + hold_s + 90), local_ip=pool.local_ip,
     ).start()  # fmt: skip
     try:
-        deadline = time.monotonic() + ramp_s + 20
+        deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline and pool.answered() < calls:
             time.sleep(0.25)
     except BaseException:
@@ -793,6 +796,8 @@ def measure_step(
         db = CpuWindow(db_pids()) if db_pids is not None else None
         machine = MachineCpu()
         with probing(probe) as writes:
+            held_before = pool.answered()
+            before_stale = getattr(pool, "stale", False)
             frames_before, t0 = pool.frames(), time.monotonic()
             p99, wire_pps = pool.rtp_interval(work, min(5.0, hold_s / 2))
             time.sleep(max(0.0, hold_s - (time.monotonic() - t0)))
@@ -803,7 +808,10 @@ def measure_step(
         machine_busy = machine.percent()
         rss = sum(rss_bytes(pid) for pid in pids)
         memory = Memory.of(pids, pool.own_pids())
-        held = pool.answered()
+        # What the pool held all through the window: a call lost in it does not count. A
+        # scrape the supervisor did not answer in time gives an older count: not that one.
+        held_after = pool.answered()
+        held = held_after if before_stale else min(held_before, held_after)
         held_stale = getattr(pool, "stale", False)
         per_node = pool.answered_by_node()
         callers.wait()
