@@ -26,16 +26,32 @@ static ev_vad_create_fn vad_create;
 static ev_vad_init_fn vad_init;
 static ev_vad_set_mode_fn vad_set_mode;
 static ev_vad_process_fn vad_process;
+static ev_vad_free_fn vad_free;
 
 int ev_bind(ev_vad_create_fn create, ev_vad_init_fn init, ev_vad_set_mode_fn set_mode,
-            ev_vad_process_fn process) {
-    if (!create || !init || !set_mode || !process)
+            ev_vad_process_fn process, ev_vad_free_fn free_fn) {
+    if (!create || !init || !set_mode || !process || !free_fn)
         return -1;
     vad_create = create;
     vad_init = init;
     vad_set_mode = set_mode;
     vad_process = process;
+    vad_free = free_fn;
     return 0;
+}
+
+int ev_vad_decide(int rate, int mode, const int16_t *pcm, int length, int n, int *out) {
+    void *vad = NULL;
+    if (!vad_create || length <= 0 || n < 0 || vad_create(&vad) != 0 || !vad)
+        return -1;
+    int status = -1;
+    if (vad_init(vad) == 0 && vad_set_mode(vad, mode) == 0) {
+        for (int i = 0; i < n; i++)
+            out[i] = vad_process(vad, rate, pcm + (size_t)i * (size_t)length, (size_t)length);
+        status = 0;
+    }
+    vad_free(vad);
+    return status;
 }
 
 int ev_reset(ev_state *s, int rate, const ev_config *cfg) {

@@ -16,6 +16,7 @@ typedef int (*ev_vad_create_fn)(void **handle);
 typedef int (*ev_vad_init_fn)(void *handle);
 typedef int (*ev_vad_set_mode_fn)(void *handle, int mode);
 typedef int (*ev_vad_process_fn)(void *handle, int fs, const int16_t *audio, size_t length);
+typedef int (*ev_vad_free_fn)(void *handle);
 
 /* Window entries kept: onset_ms is at most 10 s (audio.vad.VadConfig), 500 frames. */
 #define EV_MAX_WINDOW 512
@@ -56,7 +57,13 @@ typedef struct {
 
 /* Give the detector webrtcvad's functions; 0, or -1 if any is missing. Once per process. */
 int ev_bind(ev_vad_create_fn create, ev_vad_init_fn init, ev_vad_set_mode_fn set_mode,
-            ev_vad_process_fn process);
+            ev_vad_process_fn process, ev_vad_free_fn free_fn);
+
+/* webrtcvad's verdict on each of n frames of length samples at pcm, at rate under mode, through
+ * the bound functions on a handle of their own, into out (1 speech, 0 not, -1 refused): so that
+ * Python can check at start that they decide as its own binding does. 0, or -1 if not bound or
+ * the settings are refused. */
+int ev_vad_decide(int rate, int mode, const int16_t *pcm, int length, int n, int *out);
 
 /* Start detecting afresh at rate with cfg: 0, or -1 (not bound, bad configuration, webrtcvad
  * refused). */

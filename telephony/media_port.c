@@ -343,9 +343,14 @@ int vg_port_marks(void *port, uint64_t epoch, const int64_t *marks, uint32_t n) 
 }
 
 /* Give the detector webrtcvad's C functions (from the webrtcvad wheel's library): 0, or -1. */
-int vg_vad_bind(void *create, void *init, void *set_mode, void *process) {
+int vg_vad_bind(void *create, void *init, void *set_mode, void *process, void *free_fn) {
     return ev_bind((ev_vad_create_fn)create, (ev_vad_init_fn)init, (ev_vad_set_mode_fn)set_mode,
-                   (ev_vad_process_fn)process);
+                   (ev_vad_process_fn)process, (ev_vad_free_fn)free_fn);
+}
+
+/* ev_vad_decide, for the check at start (telephony/c_media_port.py). */
+int vg_vad_decide(int rate, int mode, const int16_t *pcm, int length, int n, int *out) {
+    return ev_vad_decide(rate, mode, pcm, length, n, out);
 }
 
 /* Run this epoch's caller frames through the evidence detector from the next one on, fresh, with

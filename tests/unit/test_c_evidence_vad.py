@@ -20,7 +20,7 @@ from numpy.typing import NDArray
 
 from audio.evidence_vad import EvidenceVad
 from audio.vad import SpeechStarted, SpeechStopped, VadConfig
-from telephony.c_media_port import CPortLibrary, CRing, detector_config
+from telephony.c_media_port import CPortLibrary, CRing, _vad_check_signal, detector_config
 from tests.unit.test_audio_evidence_vad import INDEX, clip
 
 LIB = CPortLibrary.load()
@@ -205,3 +205,28 @@ def test_with_marks_a_speaking_frame_is_recorded_only_where_speech_reaches_one(
         _, records, _ = ring.drain(pcm=False)
         got.extend(records[i : i + 4] for i in range(0, len(records), 4))
     assert got == expected
+
+
+def test_the_bound_webrtcvad_is_checked_against_the_python_binding_at_start() -> None:
+    import _webrtcvad
+    import webrtcvad
+
+    lib = LIB
+    assert lib.detects and lib._vad_disagrees() == ""
+    # The check can tell: its signal gets both verdicts from webrtcvad in every mode.
+    for rate in (8000, 16000):
+        pcm = _vad_check_signal(rate)
+        step = rate // 50 * 2
+        for mode in range(4):
+            vad = webrtcvad.Vad(mode)
+            verdicts = {vad.is_speech(pcm[i : i + step], rate) for i in range(0, len(pcm), step)}
+            assert verdicts == {True, False}, (rate, mode)
+    # A function bound as Process that takes other arguments: the check refuses the detector.
+    wheel = ctypes.CDLL(_webrtcvad.__file__)
+    names = ("Create", "Init", "set_mode", "ValidRateAndFrameLength", "Free")
+    wrong = [ctypes.cast(getattr(wheel, f"WebRtcVad_{n}"), ctypes.c_void_p).value for n in names]
+    try:
+        assert lib.vg.vg_vad_bind(*wrong) == 0
+        assert "frames differ at 8000 Hz, mode 0" in lib._vad_disagrees()
+    finally:
+        assert lib._bind_webrtcvad()
