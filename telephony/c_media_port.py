@@ -222,7 +222,7 @@ class CPortLibrary:
         import webrtcvad
 
         for rate in (8000, 16000):
-            pcm = _vad_check_signal(rate)
+            pcm = vad_check_signal(rate)
             length = rate // 50
             frames = len(pcm) // 2 // length
             for mode in range(4):
@@ -506,18 +506,42 @@ def self_test(lib: CPortLibrary, a: CMediaPort, b: CMediaPort, timeout_s: float 
         b.new_ring()
 
 
-def _vad_check_signal(rate: int) -> bytes:
+_CHECK_SIGNALS: dict[int, bytes] = {}
+
+
+def vad_check_signal(rate: int) -> bytes:
     """60 frames at ``rate`` that webrtcvad calls speech in some modes and not in others, and
-    always both: silence, faint noise, a voiced 120 Hz buzz swelling at 3 Hz, loud noise."""
+    always both: silence, faint noise, a voiced 120 Hz buzz swelling at 3 Hz, loud noise.
+
+    Made once per process, and by the pool's fork server before it forks (its preload): made in
+    each worker, numpy's temporaries and numpy.random's import cost a worker about 2.5 MiB of
+    pages of its own (measured with /proc/PID/smaps_rollup, the idle-PSS target of issue 34).
+    The noise is a fixed sequence, not numpy.random, for the same reason."""
+    signal = _CHECK_SIGNALS.get(rate)
+    if signal is None:
+        signal = _CHECK_SIGNALS[rate] = _make_check_signal(rate)
+    return signal
+
+
+def _make_check_signal(rate: int) -> bytes:
     import numpy as np
 
     n = rate // 50
     t = np.arange(n * 60) / rate
-    noise = np.random.default_rng(7)
     x = np.zeros(n * 60)
-    x[n * 10 : n * 20] = noise.normal(0.0, 300.0, n * 10)
+    x[n * 10 : n * 20] = _noise(n * 10, 7) * 300.0
     voiced = sum(np.sin(2 * np.pi * 120 * k * t) / k for k in range(1, 25)) * 6000.0
     swell = 1 + 0.5 * np.sin(2 * np.pi * 3 * t)
     x[n * 20 : n * 45] = (voiced * swell)[n * 20 : n * 45]
-    x[n * 45 :] = noise.normal(0.0, 6000.0, n * 15)
+    x[n * 45 :] = _noise(n * 15, 11) * 6000.0
     return bytes(np.clip(x, -32768, 32767).astype("<i2").tobytes())
+
+
+def _noise(count: int, seed: int) -> Any:
+    """``count`` values spread evenly over about -1.7 to 1.7 (unit variance), in a scrambled
+    order."""
+    import numpy as np
+
+    state = (np.arange(1, count + 1, dtype=np.uint64) * np.uint64(2654435761) + np.uint64(seed))
+    state = state * np.uint64(6364136223846793005) >> np.uint64(33)
+    return (state % np.uint64(1 << 20)).astype(np.float64) / (1 << 20) * 3.464 - 1.732

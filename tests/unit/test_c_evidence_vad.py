@@ -20,7 +20,7 @@ from numpy.typing import NDArray
 
 from audio.evidence_vad import EvidenceVad
 from audio.vad import SpeechStarted, SpeechStopped, VadConfig
-from telephony.c_media_port import CPortLibrary, CRing, _vad_check_signal, detector_config
+from telephony.c_media_port import CPortLibrary, CRing, detector_config, vad_check_signal
 from tests.unit.test_audio_evidence_vad import INDEX, clip
 
 LIB = CPortLibrary.load()
@@ -215,7 +215,7 @@ def test_the_bound_webrtcvad_is_checked_against_the_python_binding_at_start() ->
     assert lib.detects and lib._vad_disagrees() == ""
     # The check can tell: its signal gets both verdicts from webrtcvad in every mode.
     for rate in (8000, 16000):
-        pcm = _vad_check_signal(rate)
+        pcm = vad_check_signal(rate)
         step = rate // 50 * 2
         for mode in range(4):
             vad = webrtcvad.Vad(mode)

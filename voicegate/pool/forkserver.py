@@ -59,8 +59,12 @@ def preload(config_path: str | None) -> None:
     from agents.speaking_demo import SpeakingDemoAgent, build_speech_before_fork
     from audio.prompts import PromptLibrary, default_prompts_dir
     from config import ConfigError, load_settings
+    from telephony.c_media_port import vad_check_signal
     from voicegate import cli  # noqa: F401  (imports the runtime, telephony, audio, session)
     from voicegate.runtime import PROMPT_RATES, agent_factories
+
+    for rate in (8000, 16000):  # the C detector's check at each worker's start
+        vad_check_signal(rate)
 
     # A config error is the worker's to report (it exits 2 naming it); here it only means less
     # is shared.
