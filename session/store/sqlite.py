@@ -87,7 +87,6 @@ class SqliteSessionStore(ResumeHandlesSql):
         up in place, recording each version at ``now``; a newer one raises SchemaTooNew."""
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self._batch_depth = 0
         try:
             self._db = sqlite3.connect(
                 path, isolation_level=None, timeout=5.0, check_same_thread=True
@@ -144,30 +143,8 @@ class SqliteSessionStore(ResumeHandlesSql):
         self._db.execute(f"PRAGMA user_version={version}")
 
     @contextmanager
-    def batch(self) -> Iterator[None]:
-        """Several writes in one transaction: the writer's group commit (session/store/writer.py).
-
-        Each write inside keeps its own atomicity (a savepoint: one that fails leaves the
-        others), but none is durable before the batch's COMMIT, so whoever acts on a write
-        inside must wait for the batch to end. A failed COMMIT loses every write of the batch.
-        """
-        if self._batch_depth:
-            raise RuntimeError("session store batches do not nest")
-        with self._write():
-            self._batch_depth = 1
-            try:
-                yield
-            finally:
-                self._batch_depth = 0
-
-    @contextmanager
     def _write(self) -> Iterator[None]:
-        """One write transaction, holding the write lock from the start (BEGIN IMMEDIATE); in a
-        :meth:`batch`, a savepoint of its transaction."""
-        if self._batch_depth:
-            with self._savepoint():
-                yield
-            return
+        """One write transaction, holding the write lock from the start (BEGIN IMMEDIATE)."""
         try:
             self._db.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
@@ -190,19 +167,6 @@ class SqliteSessionStore(ResumeHandlesSql):
             return [_record(cls, row) for row in self._db.execute(sql, params)]
         except sqlite3.Error as exc:
             raise StoreError(f"session store read failed: {exc}") from exc
-
-    @contextmanager
-    def _savepoint(self) -> Iterator[None]:
-        self._db.execute("SAVEPOINT write")
-        try:
-            yield
-        except BaseException as exc:
-            self._db.execute("ROLLBACK TO write")
-            self._db.execute("RELEASE write")
-            if isinstance(exc, sqlite3.Error):
-                raise StoreError(f"session store write failed: {exc}") from exc
-            raise
-        self._db.execute("RELEASE write")
 
     def _open_session(self, session_id: str, lease: Lease | None = None) -> int:
         """Inside a write: the last seq of a session that exists, honours ``lease`` (when given)

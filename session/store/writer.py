@@ -8,14 +8,6 @@ per job and acts on the world only once it resolves ("persist, then act", sessio
 
 The queue is bounded: when the disk falls behind by :data:`MAX_PENDING` writes, ``submit`` blocks
 its caller (backpressure) rather than letting memory grow without end.
-
-Group commit: jobs that queued up while the last write ran go to a store that can batch
-(``batch()``, SQLite) in one transaction, up to :data:`MAX_BATCH` of them, and their futures resolve
-only once it committed. Many worker processes share one SQLite file, and every transaction takes
-its single write lock and an fsync: under load the queue grows exactly when the lock is scarce
-(measured: 200 talking calls on 50 workers timed writes out on "database is locked", and each such
-call ended). A job's writes keep their own atomicity inside the batch; a COMMIT that fails fails
-every job in it, which is what a write that never happened looks like to its caller.
 """
 
 from __future__ import annotations
@@ -25,7 +17,6 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
 from session.store import SessionStore, StoreError
@@ -34,7 +25,6 @@ log = logging.getLogger("voicegate.store")
 
 T = TypeVar("T")
 MAX_PENDING = 1024
-MAX_BATCH = 64
 
 _Job = tuple[Callable[[SessionStore], Any], "concurrent.futures.Future[Any]"]
 
@@ -49,11 +39,8 @@ class StoreWriter:
         open_store: Callable[[], SessionStore],
         *,
         max_pending: int = MAX_PENDING,
-        max_batch: int = MAX_BATCH,
         name: str = "store-writer",
     ) -> None:
-        """``max_batch``: the most jobs one transaction takes (1: none shared)."""
-        self._max_batch = max_batch
         self._jobs: queue.Queue[_Job | None] = queue.Queue(maxsize=max_pending)
         self._closed = False
         self._opened = threading.Event()
@@ -96,58 +83,14 @@ class StoreWriter:
             self._opened.set()
             return
         self._opened.set()
-        batch: Callable[[], AbstractContextManager[None]] | None = getattr(store, "batch", None)
         try:
-            stopping = False
-            while not stopping and (item := self._jobs.get()) is not None:
-                items = [item]
-                while batch is not None and len(items) < self._max_batch:
-                    try:
-                        more = self._jobs.get_nowait()
-                    except queue.Empty:
-                        break
-                    if more is None:
-                        stopping = True
-                        break
-                    items.append(more)
-                live = [(job, f) for job, f in items if f.set_running_or_notify_cancel()]
-                if batch is not None and len(live) > 1:
-                    _run_batch(store, batch, live)
-                elif live:
-                    job, future = live[0]
-                    try:
-                        future.set_result(job(store))
-                    except BaseException as exc:
-                        future.set_exception(exc)
+            while (item := self._jobs.get()) is not None:
+                job, future = item
+                if not future.set_running_or_notify_cancel():
+                    continue
+                try:
+                    future.set_result(job(store))
+                except BaseException as exc:
+                    future.set_exception(exc)
         finally:
             store.close()
-
-
-def _run_batch(
-    store: SessionStore, batch: Callable[[], AbstractContextManager[None]], jobs: list[_Job]
-) -> None:
-    """Run ``jobs`` in one transaction; resolve their futures once it committed (or failed)."""
-    outcomes: list[tuple[concurrent.futures.Future[Any], bool, Any]] = []
-    try:
-        with batch():
-            for job, future in jobs:
-                try:
-                    outcomes.append((future, True, job(store)))
-                except Exception as exc:
-                    outcomes.append((future, False, exc))
-    except BaseException as exc:
-        # Nothing of the batch was written: a job that succeeded inside it did not happen.
-        done = {id(f) for f, ok, _ in outcomes if not ok}
-        for future, ok, value in outcomes:
-            if not ok:
-                future.set_exception(value)
-        for _, future in jobs:
-            if id(future) not in done:
-                future.set_exception(exc)
-        log.warning("store.batch_failed", extra={"jobs": len(jobs), "why": str(exc)})
-        return
-    for future, ok, value in outcomes:
-        if ok:
-            future.set_result(value)
-        else:
-            future.set_exception(value)
