@@ -370,12 +370,12 @@ int vg_port_detect(void *port, uint64_t epoch, const ev_config *cfg, const uint6
     if (!p->recs)
         p->recs = calloc((size_t)REC_CAP * REC_FIELDS, sizeof(int64_t));
     uint32_t rate = p->base.info.fmt.det.aud.clock_rate;
+    p->st.stirring = 0; /* fresh, or not detecting at all */
     if (!p->det || !p->recs || ev_reset(p->det, (int)rate, cfg) != 0) {
         p->st.detecting = 0;
         status = -2;
     } else {
         p->st.detecting = 1;
-        p->st.stirring = 0;
         p->rec_head = p->rec_len = 0;
         p->last_speech_ms = 0;
         p->n_bounds = n_bounds;

@@ -21,7 +21,7 @@ from numpy.typing import NDArray
 from audio.evidence_vad import EvidenceVad
 from audio.vad import SpeechStarted, SpeechStopped, VadConfig
 from telephony.c_media_port import CPortLibrary, CRing, detector_config, vad_check_signal
-from tests.unit.test_audio_evidence_vad import INDEX, clip
+from tests.unit.test_audio_evidence_vad import INDEX, SPEECH, clip
 
 LIB = CPortLibrary.load()
 CLIPS = {name: clip(name) for name in sorted(INDEX)}
@@ -211,8 +211,7 @@ def test_the_bound_webrtcvad_is_checked_against_the_python_binding_at_start() ->
     import _webrtcvad
     import webrtcvad
 
-    lib = LIB
-    assert lib.detects and lib._vad_disagrees() == ""
+    assert LIB.detects and LIB._vad_disagrees() == ""
     # The check can tell: its signal gets both verdicts from webrtcvad in every mode.
     for rate in (8000, 16000):
         pcm = vad_check_signal(rate)
@@ -226,7 +225,26 @@ def test_the_bound_webrtcvad_is_checked_against_the_python_binding_at_start() ->
     names = ("Create", "Init", "set_mode", "ValidRateAndFrameLength", "Free")
     wrong = [ctypes.cast(getattr(wheel, f"WebRtcVad_{n}"), ctypes.c_void_p).value for n in names]
     try:
-        assert lib.vg.vg_vad_bind(*wrong) == 0
-        assert "frames differ at 8000 Hz, mode 0" in lib._vad_disagrees()
+        assert LIB.vg.vg_vad_bind(*wrong) == 0
+        assert "frames differ at 8000 Hz, mode 0" in LIB._vad_disagrees()
     finally:
-        assert lib._bind_webrtcvad()
+        assert LIB._bind_webrtcvad()
+
+
+def test_a_detector_the_port_refuses_to_restart_leaves_nothing_stirring() -> None:
+    speech = CLIPS[SPEECH[0]]
+    port, ring = c_ring(8000, VadConfig())
+    sink = ctypes.create_string_buffer(320)
+    for at in range(0, len(speech) - 159, 160):
+        LIB.vg.vg_port_tick(port, sink, speech[at : at + 160].tobytes())
+        ring.drain(pcm=False)
+        if ring.stirring:
+            break
+    assert ring.stirring, "the speech clip never stirred the detector"
+    refused = detector_config(VadConfig())
+    assert refused is not None
+    refused.aggressiveness = 7  # webrtcvad takes modes 0 to 3
+    status = LIB.vg.vg_port_detect(port, ring._epoch, ctypes.byref(refused), None, 0)
+    assert status == -2
+    ring.drain(pcm=False)
+    assert not ring.stirring
